@@ -1,0 +1,1 @@
+"""Ahead-of-time: MetalBackend.preprocess, AOTI compilation and the lowering passes."""

@@ -1,0 +1,212 @@
+"""AOTInductor compilation of an ExportedProgram, behind a content-addressed cache.
+
+A cold AOTI compile takes tens of seconds, so every caller (preprocess, tests,
+benchmarks) goes through :func:`compile_exported_program`, which keys the result by
+everything that can change the generated code: the graph, the example input specs,
+the constant values, the target, the compile options and the torch version.
+Concurrent processes (pytest-xdist workers) compiling the same key wait on a file
+lock instead of compiling twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+
+log = logging.getLogger(__name__)
+
+# bump when the layout of a cache entry or the compile recipe changes
+_CACHE_FORMAT = 1
+
+HOST_TARGET = "host"
+MPS_TARGET = "mps"
+
+
+def default_cache_dir() -> Path:
+    """``$ETMETAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/etmetal`` (``~/.cache/etmetal``)."""
+    env = os.environ.get("ETMETAL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "etmetal"
+
+
+def aoti_options(*, link_libtorch: bool = False, extra: dict[str, Any] | None = None) -> dict:
+    """Inductor options for a delegate build: weights outside the .so, no libtorch."""
+    options: dict[str, Any] = {
+        "aot_inductor.link_libtorch": link_libtorch,
+        "aot_inductor.package": True,
+        "aot_inductor.package_constants_in_so": False,
+        "aot_inductor.package_constants_on_disk_format": "binary_blob",
+        # padded strides would make the .so's buffers disagree with the program's specs
+        "padding_stride_threshold": float("inf"),
+    }
+    options.update(extra or {})
+    return options
+
+
+@dataclass(frozen=True)
+class AotiArtifact:
+    """One compiled partition as it sits in the cache."""
+
+    key: str
+    so_path: Path
+    weights_path: Path
+    wrapper_cpp_path: Path | None
+    from_cache: bool
+
+    def so_bytes(self) -> bytes:
+        return self.so_path.read_bytes()
+
+    def weights_bytes(self) -> bytes:
+        return self.weights_path.read_bytes()
+
+
+def _hash_tensor(h: Any, name: str, value: Any) -> None:
+    h.update(name.encode())
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}{tuple(value.stride())}".encode())
+        if t.numel():
+            h.update(
+                t.view(torch.uint8).reshape(-1).numpy().tobytes()
+                if t.dtype != torch.bool
+                else t.numpy().tobytes()
+            )
+    else:
+        h.update(repr(value).encode())
+
+
+def _spec_of(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"T({value.dtype},{tuple(value.shape)},{tuple(value.stride())},{value.device.type})"
+    return repr(value)
+
+
+def cache_key(ep: torch.export.ExportedProgram, target: str, options: dict[str, Any]) -> str:
+    """Content hash of everything that determines the compiled artifact."""
+    h = hashlib.sha256()
+    h.update(f"etmetal-aoti-{_CACHE_FORMAT}|{torch.__version__}|{target}".encode())
+    h.update(ep.graph_module.print_readable(print_output=False).encode())
+    h.update(str(ep.graph_signature).encode())
+    h.update(str(sorted(ep.range_constraints.items(), key=str)).encode())
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            h.update(f"{node.name}:{_spec_of(node.meta.get('val'))}".encode())
+    for name, value in sorted(ep.state_dict.items()):
+        _hash_tensor(h, name, value)
+    for name, value in sorted(ep.constants.items()):
+        _hash_tensor(h, name, value)
+    h.update(json.dumps(options, sort_keys=True, default=repr).encode())
+    return h.hexdigest()
+
+
+def _user_input_examples(ep: torch.export.ExportedProgram) -> tuple[Any, ...]:
+    names = set(ep.graph_signature.user_inputs)
+    return tuple(n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and n.name in names)
+
+
+def compile_exported_program(
+    ep: torch.export.ExportedProgram,
+    *,
+    target: str = HOST_TARGET,
+    link_libtorch: bool = False,
+    extra_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+) -> AotiArtifact:
+    """Compile ``ep`` with AOTInductor for ``target`` (``host`` = CPU C++), cached by content.
+
+    The ``.so`` is built with weights outside it (``weights.blob``) so they can be
+    stored as named data. ``mps`` requires macOS with MPS and fails here otherwise.
+    """
+    if target not in (HOST_TARGET, MPS_TARGET):
+        raise ValueError(f"unknown AOTI target {target!r}; expected 'host' or 'mps'")
+    if target == MPS_TARGET and not torch.backends.mps.is_available():
+        raise RuntimeError(
+            "target 'mps' needs macOS with an MPS device (torch.backends.mps.is_available() "
+            "is False here); use target='host' to compile for this machine"
+        )
+    options = aoti_options(link_libtorch=link_libtorch, extra=extra_options)
+    key = cache_key(ep, target, options)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = root / "aoti" / key
+    if use_cache:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(entry) + ".lock"):
+            artifact = _load_entry(key, entry)
+            if artifact is not None:
+                log.info("AOTI cache hit %s", key[:12])
+                return artifact
+            return _compile_into(ep, target, options, key, entry)
+    with tempfile.TemporaryDirectory(prefix="etmetal-aoti-") as tmp:
+        built = _compile_into(ep, target, options, key, Path(tmp) / key)
+        # copy out of the temp dir so the caller owns real files
+        keep = Path(tempfile.mkdtemp(prefix="etmetal-aoti-"))
+        for p in (built.so_path, built.weights_path, built.wrapper_cpp_path):
+            if p is not None:
+                shutil.copy2(p, keep / p.name)
+        return AotiArtifact(
+            key,
+            keep / built.so_path.name,
+            keep / built.weights_path.name,
+            keep / built.wrapper_cpp_path.name if built.wrapper_cpp_path else None,
+            False,
+        )
+
+
+def _load_entry(key: str, entry: Path) -> AotiArtifact | None:
+    so, weights, cpp = entry / "model.so", entry / "weights.blob", entry / "wrapper.cpp"
+    if (entry / "complete").exists() and so.exists() and weights.exists():
+        return AotiArtifact(key, so, weights, cpp if cpp.exists() else None, True)
+    return None
+
+
+def _compile_into(
+    ep: torch.export.ExportedProgram, target: str, options: dict, key: str, entry: Path
+) -> AotiArtifact:
+    device = "mps" if target == MPS_TARGET else "cpu"
+    if device != "cpu":
+        ep = torch.export.passes.move_to_device_pass(ep, device)
+    log.info("AOTI compiling %s for %s (takes tens of seconds)", key[:12], target)
+    with torch.no_grad():
+        paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
+    paths = paths if isinstance(paths, list) else [paths]
+    so = next((p for p in paths if p.endswith(".wrapper.so")), None)
+    blob = next((p for p in paths if p.endswith("_weights.blob")), None)
+    cpp = next((p for p in paths if p.endswith(".wrapper.cpp")), None)
+    if so is None:
+        raise RuntimeError(f"AOTInductor produced no .so (got {paths})")
+    # write the entry atomically: a temp dir renamed into place, marked complete last
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=entry.parent))
+    try:
+        shutil.copy2(so, tmp / "model.so")
+        if blob is not None:
+            shutil.copy2(blob, tmp / "weights.blob")
+        else:  # a model without constants
+            (tmp / "weights.blob").write_bytes(b"")
+        if cpp is not None:
+            shutil.copy2(cpp, tmp / "wrapper.cpp")
+        (tmp / "complete").write_text(key)
+        if entry.exists():
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    artifact = _load_entry(key, entry)
+    assert artifact is not None
+    return AotiArtifact(
+        key, artifact.so_path, artifact.weights_path, artifact.wrapper_cpp_path, False
+    )

@@ -1,0 +1,1 @@
+"""Ahead-of-time: which nodes go to the Metal delegate."""

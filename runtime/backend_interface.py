@@ -1,0 +1,54 @@
+"""The contract between the runtime and a delegate (``BackendExecutor``).
+
+Mirrors ExecuTorch's C++ ``BackendInterface`` (init / execute / destroy). A delegate
+is found by its backend id (``MetalBackend``) in the runtime's delegate registry,
+which also reads the ``executorch.runtime.delegates`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BackendInitContext:
+    """What a delegate may see while it initializes."""
+
+    method_name: str
+    # named data of the program and its external .ptd files: key -> bytes-like
+    get_named_data: Callable[[str], memoryview]
+    # native code (a .so inside the program) runs only when the caller trusted it
+    trust_native_code: bool = False
+    trusted_blob_hashes: frozenset[str] = field(default_factory=frozenset)
+    # scratch space for runtime-wide settings a backend may read (e.g. isolate)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class BackendExecutor(ABC):
+    """One initialized delegate blob. ``init`` runs once at method load."""
+
+    @classmethod
+    @abstractmethod
+    def init(
+        cls,
+        context: BackendInitContext,
+        processed: bytes,
+        compile_specs: Sequence[tuple[str, bytes]],
+    ) -> BackendExecutor:
+        """Build the executor from the delegate's processed bytes and compile specs."""
+
+    @abstractmethod
+    def execute(self, args: list[Any]) -> None:
+        """Run once. ``args`` are the delegate call's values in order: inputs, then outputs.
+
+        Tensors are ``torch.Tensor`` objects over the runtime's planned memory; the
+        delegate reads inputs and writes outputs in place (resizing an output within
+        its planned capacity is allowed for dynamic shapes, via ``Tensor.resize_``).
+        Non-tensor values are Python ints/floats/bools.
+        """
+
+    def destroy(self) -> None:  # noqa: B027 - optional hook
+        """Release everything ``init`` acquired."""

@@ -1,0 +1,1 @@
+"""The etmetal command line."""

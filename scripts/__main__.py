@@ -1,0 +1,3 @@
+from etmetal.scripts.cli import main
+
+raise SystemExit(main())
