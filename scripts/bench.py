@@ -1,0 +1,12 @@
+"""``etmetal bench SUITE``: benchmarks side by side with the stock tools."""
+
+from etmetal.scripts.suites import make_command
+
+SUITES = {
+    "shims": ("etmetal.scripts.bench_shims", "ns per shim call and strided-gather bandwidth"),
+    "runtime": ("etmetal.scripts.bench_runtime", "runtime latency vs executorch.runtime and eager"),
+    "delegate": ("etmetal.scripts.bench_delegate", "delegate latency vs torch's AOTI runner"),
+    "lowering": ("etmetal.scripts.bench_lowering", "AOTI lowering time, cold vs cached"),
+}
+
+add_arguments, run = make_command(SUITES)
