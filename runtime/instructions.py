@@ -9,6 +9,7 @@ table at call time. The execute loop is then a flat walk over a list of callable
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -362,10 +363,9 @@ class _Preparer:
 
 def destroy_all(executors: list[BackendExecutor]) -> None:
     for executor in reversed(executors):
-        try:
+        # destroy runs during cleanup; one failure must not skip the rest
+        with contextlib.suppress(Exception):
             executor.destroy()
-        except Exception:  # destroy runs during cleanup; one failure must not skip the rest
-            pass
     executors.clear()
 
 
