@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import io
 import itertools
 import json
 import os
@@ -41,7 +42,7 @@ class MatrixRow:
     lowering: str
     max_abs_error: float | None  # None when lowering or running failed
     error: str | None  # what failed, e.g. "0x12 in aten::view_copy.out"
-    view_copy_ops: int  # view_copy kernels left in the emitted program
+    view_copy_ops: int  # view_copy kernel calls left in the emitted program
     views: int  # memory.view nodes (storage shared with the base)
 
     @property
@@ -106,20 +107,24 @@ def lower_case(case: ViewCopyCase) -> dict[tuple[bool, bool, str], Any]:
 
 
 @contextlib.contextmanager
-def _captured_fd2() -> Iterator[list[str]]:
-    """Collect what native code writes to file descriptor 2 (the runtime's ET_LOG)."""
+def _captured_stderr() -> Iterator[list[str]]:
+    """Collect the runtime's log (ET_LOG): the pybindings write it through Python's
+    ``sys.stderr``, native code may write to file descriptor 2; catch both."""
     lines: list[str] = []
     sys.stderr.flush()
     saved = os.dup(2)
+    text = io.StringIO()
     with tempfile.TemporaryFile(mode="w+b") as sink:
         os.dup2(sink.fileno(), 2)
         try:
-            yield lines
+            with contextlib.redirect_stderr(text):
+                yield lines
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
             lines.extend(sink.read().decode(errors="replace").splitlines())
+            lines.extend(text.getvalue().splitlines())
 
 
 _KERNEL_FAILURE = re.compile(r"in operator (\S+?):? (0x[0-9a-fA-F]+)")
@@ -150,7 +155,7 @@ def run_on_stock_runtime(
     from executorch.runtime import Runtime
 
     runtime_inputs = [as_stock_runtime_input(t) for t in inputs]
-    with _captured_fd2() as log:
+    with _captured_stderr() as log:
         try:
             program = Runtime.get().load_program(buffer)
             outputs = program.load_method(method).execute(runtime_inputs)
@@ -178,12 +183,26 @@ def max_abs_error(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tenso
     return worst
 
 
+def kernel_calls(program_manager, operator_name: str, method: str = "forward") -> int:
+    """How many instructions of the emitted method call ``operator_name`` (e.g.
+    ``aten::view_copy``, ``executorch_prim::et_view``)."""
+    program = program_manager.executorch_program
+    plan = next(p for p in program.execution_plan if p.name == method)
+    indices = {i for i, op in enumerate(plan.operators) if op.name == operator_name}
+    return sum(
+        1
+        for chain in plan.chains
+        for instruction in chain.instructions
+        if getattr(instruction.instr_args, "op_index", None) in indices
+    )
+
+
 def count_view_ops(program_manager) -> tuple[int, int]:
-    """(view_copy kernels in the emitted program, memory.view nodes in its graph)."""
+    """(view_copy kernel calls in the emitted program, memory.view nodes in its graph:
+    views whose storage is the base's)."""
     from executorch.exir import memory
 
-    plan = program_manager.executorch_program.execution_plan[0]
-    view_copies = sum(1 for op in plan.operators if op.name == "aten::view_copy")
+    view_copies = kernel_calls(program_manager, "aten::view_copy")
     graph = program_manager.exported_program().graph
     views = sum(1 for n in graph.nodes if n.op == "call_function" and n.target == memory.view)
     return view_copies, views
@@ -230,7 +249,7 @@ def format_table(rows: Sequence[MatrixRow]) -> str:
         err = "-" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"
         result = r.error if r.error is not None else r.status
         if r.error is None:
-            result += f" (view_copy ops: {r.view_copy_ops}, views: {r.views})"
+            result += f" (view_copy kernels: {r.view_copy_ops}, memory.view: {r.views})"
         lines.append(
             (r.model, str(r.skip_dim_order), str(r.remove_view_copy), r.lowering, err, result)
         )

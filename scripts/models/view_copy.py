@@ -34,6 +34,8 @@ class ViewCopyCase:
             fresh example inputs.
         stock_safe: True when every view in the model reads row-major memory, so the
             stock lowering is expected to be right too (the control cases).
+        bitwise: True when the lowered program does the same arithmetic as eager (data
+            movement and scalar ops only), so outputs must match bit for bit.
         description: one line for tables and docs.
     """
 
@@ -43,6 +45,7 @@ class ViewCopyCase:
     dynamic_shapes: Any = None
     make_run_inputs: Callable[[], tuple[torch.Tensor, ...]] | None = field(default=None)
     stock_safe: bool = False
+    bitwise: bool = False
     description: str = ""
 
     def module(self) -> nn.Module:
@@ -178,6 +181,7 @@ CASES: list[ViewCopyCase] = [
     ),
     ViewCopyCase(
         name="sliced",
+        bitwise=True,
         make_module=SlicedView,
         make_example_inputs=lambda: (_randn(2, 8, 6, 6),),
         stock_safe=True,
@@ -185,6 +189,7 @@ CASES: list[ViewCopyCase] = [
     ),
     ViewCopyCase(
         name="permuted",
+        bitwise=True,
         make_module=PermutedView,
         make_example_inputs=lambda: (_randn(2, 8, 6, 5),),
         stock_safe=True,
@@ -210,6 +215,15 @@ CASES: list[ViewCopyCase] = [
         make_example_inputs=lambda: (_randn(3, 2, 3, 4),),
         stock_safe=True,
         description="row-major input and intermediates: every view is safe (control)",
+    ),
+    ViewCopyCase(
+        name="contiguous_dynamic",
+        make_module=ContiguousViews,
+        make_example_inputs=lambda: (_randn(3, 2, 3, 4),),
+        dynamic_shapes=({0: Dim("batch", min=1, max=8)},),
+        make_run_inputs=lambda: (_randn(6, 2, 3, 4),),
+        stock_safe=True,
+        description="the control case with a dynamic batch: views resized at run time (et_view)",
     ),
 ]
 
