@@ -10,6 +10,7 @@ from . import state
 from .dtypes import DEVICE_CPU, DTYPE_TO_TORCH, ITEMSIZE, LAYOUT_STRIDED
 from .registry import (
     check_ndim,
+    emit,
     put_bool,
     put_i32,
     put_i64,
@@ -17,7 +18,7 @@ from .registry import (
     read_i64s,
     shim,
 )
-from .state import FLAGS, lookup, register, unregister
+from .state import FLAGS, lookup, unregister
 from .storage import (
     HOST_ALLOCATOR,
     Allocator,
@@ -102,7 +103,7 @@ def aoti_torch_empty_strided(ndim, sizes_ptr, strides_ptr, dtype, device_type, d
     _check_geometry(sizes, strides)
     _allocator(device_type, device_index)
     t = new_owned(sizes, strides, _check_dtype(dtype), device_type)
-    put_ptr(ret, register(t), "ret_new_tensor")
+    emit(ret, t, "ret_new_tensor")
 
 
 def _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret):
@@ -120,7 +121,7 @@ def _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, d
         raise ShimError("data is NULL for a tensor with elements")
     nbytes = (offset + extent) * ITEMSIZE[dtype] if extent else 0
     storage = Storage(data or 0, nbytes, owned=False, device_type=device_type)
-    put_ptr(ret, register(Tensor(storage, dtype, sizes, strides, offset)), "ret")
+    emit(ret, Tensor(storage, dtype, sizes, strides, offset), "ret")
 
 
 @shim
@@ -160,7 +161,7 @@ def aoti_torch_delete_tensor_object(tensor):
 @shim
 def aoti_torch_new_tensor_handle(orig_handle, new_handle):
     t = lookup(orig_handle, "orig_handle")
-    put_ptr(new_handle, register(Tensor(t.storage, t.dtype, t.sizes, t.strides, t.offset)))
+    emit(new_handle, Tensor(t.storage, t.dtype, t.sizes, t.strides, t.offset))
 
 
 def _seed_materialize(base: Tensor, sizes, strides, offset) -> Tensor:
@@ -196,11 +197,9 @@ def aoti_torch__reinterpret_tensor(self, ndim, sizes_ptr, strides_ptr, offset_in
     offset = base.offset + offset_increment
     _check_fits(base.storage, base.dtype, sizes, strides, offset)
     if FLAGS.materialize == "seed" and not is_packed(sizes, strides):
-        put_ptr(ret, register(_seed_materialize(base, sizes, strides, offset)), "ret_new_tensor")
+        emit(ret, _seed_materialize(base, sizes, strides, offset), "ret_new_tensor")
         return
-    put_ptr(
-        ret, register(Tensor(base.storage, base.dtype, sizes, strides, offset)), "ret_new_tensor"
-    )
+    emit(ret, Tensor(base.storage, base.dtype, sizes, strides, offset), "ret_new_tensor")
 
 
 @shim
@@ -216,7 +215,7 @@ def aoti_torch__alloc_from_pool(self, offset_bytes, dtype, ndim, sizes_ptr, stri
         raise ShimError(f"offset_bytes {offset_bytes} is negative or not aligned to the dtype")
     offset = start // ITEMSIZE[dtype]
     _check_fits(pool.storage, dtype, sizes, strides, offset)
-    put_ptr(ret, register(Tensor(pool.storage, dtype, sizes, strides, offset)), "ret_new_tensor")
+    emit(ret, Tensor(pool.storage, dtype, sizes, strides, offset), "ret_new_tensor")
 
 
 @shim
@@ -227,7 +226,7 @@ def aoti_torch_as_strided(self, sizes_ptr, strides_ptr, ret):
     strides = read_i64s(strides_ptr, ndim, "strides_ptr")
     _check_geometry(sizes, strides)
     _check_fits(base.storage, base.dtype, sizes, strides, base.offset)
-    put_ptr(ret, register(Tensor(base.storage, base.dtype, sizes, strides, base.offset)))
+    emit(ret, Tensor(base.storage, base.dtype, sizes, strides, base.offset))
 
 
 # --- copies -------------------------------------------------------------------------------
@@ -265,7 +264,7 @@ def aoti_torch_clone(self, ret):
     src = lookup(self, "self")
     out = new_owned(src.sizes, contiguous_strides(src.sizes), src.dtype, src.storage.device_type)
     out.torch().copy_(src.torch())
-    put_ptr(ret, register(out))
+    emit(ret, out)
 
 
 @shim
@@ -277,7 +276,7 @@ def aoti_torch_clone_preserve_strides(self, ret):
     flat = src.torch().as_strided((extent,), (1,), src.offset) if extent else None
     if flat is not None:
         out.torch().as_strided((extent,), (1,), 0).copy_(flat)
-    put_ptr(ret, register(out))
+    emit(ret, out)
 
 
 @shim

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from .core import adopt_result
-from .registry import put_ptr, read_f64, read_i64s, read_ptr, shim, shim_as
-from .state import lookup, register
+from .registry import emit, need_out, read_f64, read_i64s, read_ptr, shim, shim_as
+from .state import lookup
 from .storage import ShimError, is_packed
 
 aten = torch.ops.aten
@@ -43,7 +43,7 @@ def _write_out(out_handle, expected: tuple[int, ...], dtype: torch.dtype, comput
 
 
 def _ret(addr, t: torch.Tensor, what: str) -> None:
-    put_ptr(addr, register(adopt_result(t)), what)
+    emit(addr, adopt_result(t), what)
 
 
 def _mm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int]:
@@ -89,6 +89,7 @@ def baddbmm_out(out, self, batch1, batch2, beta, alpha):
 
 
 def topk(self, k, dim, largest, sorted, ret0, ret1):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
     x = _in(self, "self")
     if x.dim() and not -x.dim() <= dim < x.dim():
         raise ShimError(f"topk: dim {dim} out of range for a {x.dim()}-d tensor")
@@ -140,6 +141,7 @@ def adaptive_avg_pool2d(self, output_size, output_size_len, ret0):
 def max_pool2d_with_indices(
     self, kernel, kernel_len, stride, stride_len, pad, pad_len, dil, dil_len, ceil, ret0, ret1
 ):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
     y, idx = aten.max_pool2d_with_indices(
         _in(self, "self"),
         read_i64s(kernel, kernel_len, "kernel_size"),
@@ -165,6 +167,7 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
     query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1
 ):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
     q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
     _check_qkv(q, k, v)
     if dropout_p:
@@ -186,6 +189,7 @@ def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
 def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
     query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
 ):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
     q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
     _check_qkv(q, k, v)
     if dropout_p:

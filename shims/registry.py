@@ -12,7 +12,8 @@ import ctypes
 import struct
 from collections.abc import Callable
 
-from .storage import ShimError
+from .state import register
+from .storage import ShimError, Tensor
 
 SHIMS: dict[str, Callable] = {}
 
@@ -112,3 +113,15 @@ def read_f64(addr: int | None) -> float | None:
     if not addr:
         return None
     return _f64.from_address(addr).value
+
+
+def need_out(*pairs: tuple[int | None, str]) -> None:
+    """Check every output pointer before anything is created (so a failure leaks nothing)."""
+    for addr, what in pairs:
+        _target(addr, what)
+
+
+def emit(addr: int | None, tensor: Tensor, what: str = "ret") -> None:
+    """Register ``tensor`` and store its new handle at ``addr`` (checked first)."""
+    slot = _ptr.from_address(_target(addr, what))  # before registering: nothing to undo
+    slot.value = register(tensor)
