@@ -80,6 +80,8 @@ class CDriver:
     def write(self, h: int, values: np.ndarray) -> None:
         """Write ``values`` through the tensor's strides at its raw pointer."""
         sizes, strides, _ = self.geometry(h)
+        if 0 in sizes:
+            return
         item = values.dtype.itemsize
         span = (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * item
         raw = np.frombuffer((ctypes.c_char * span).from_address(self.ptr(h)), dtype=np.uint8)
