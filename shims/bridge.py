@@ -155,29 +155,31 @@ def build(source: str | None = None) -> Path:
     return lib
 
 
+def _fail(name: str, exc: BaseException) -> None:
+    record_error(name, str(exc) if exc.args else type(exc).__name__)
+
+
 def _guard(name: str, fn, decl: abi.Decl):
-    """Wrap ``fn`` so no exception ever crosses into C: failures become return codes."""
+    """Wrap ``fn`` so no exception ever crosses into C: failures become return codes.
+
+    Generated with the exact arity (no ``*args`` packing): this frame runs on every call.
+    """
+    params = ", ".join(f"a{i}" for i in range(len(decl.argtypes)))
     if decl.returns_error:
-
-        def call(*args):
-            try:
-                fn(*args)
-                return 0
-            except BaseException as exc:  # noqa: BLE001 - C callers cannot take exceptions
-                record_error(name, str(exc) if exc.args else type(exc).__name__)
-                return 1
-
+        ok, fail = f"impl({params})\n        return 0", "return 1"
+    elif decl.restype == "void":
+        ok, fail = f"impl({params})", "return None"
     else:
-        fallback = None if decl.restype == "void" else 0
-
-        def call(*args):
-            try:
-                return fn(*args)
-            except BaseException as exc:  # noqa: BLE001
-                record_error(name, str(exc) if exc.args else type(exc).__name__)
-                return fallback
-
-    return call
+        ok, fail = f"return impl({params})", "return 0"
+    src = (
+        f"def {name}({params}):\n"
+        f"    try:\n        {ok}\n"
+        f"    except BaseException as exc:  # C callers cannot take exceptions\n"
+        f"        fail(name, exc)\n        {fail}\n"
+    )
+    scope = {"impl": fn, "fail": _fail, "name": name}
+    exec(compile(src, f"<etmetal shim {name}>", "exec"), scope)
+    return scope[name]
 
 
 class Bridge:

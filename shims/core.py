@@ -54,6 +54,8 @@ def _check_dtype(dtype: int) -> int:
 
 
 def _check_geometry(sizes: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    if (not sizes or min(sizes) >= 0) and (not strides or min(strides) >= 0):
+        return
     for d, (s, st) in enumerate(zip(sizes, strides)):
         if s < 0:
             raise ShimError(f"size {s} at dim {d} is negative")
@@ -98,12 +100,13 @@ def adopt_result(t: torch.Tensor) -> Tensor:
 def aoti_torch_empty_strided(ndim, sizes_ptr, strides_ptr, dtype, device_type, device_index, ret):
     check_ndim(ndim)
     sizes = read_i64s(sizes_ptr, ndim, "sizes_ptr")
-    strides = read_i64s(strides_ptr, ndim, "strides_ptr") if strides_ptr else None
-    strides = contiguous_strides(sizes) if strides is None else strides
+    strides = (
+        read_i64s(strides_ptr, ndim, "strides_ptr") if strides_ptr else contiguous_strides(sizes)
+    )
     _check_geometry(sizes, strides)
-    _allocator(device_type, device_index)
-    t = new_owned(sizes, strides, _check_dtype(dtype), device_type)
-    emit(ret, t, "ret_new_tensor")
+    alloc = _allocator(device_type, device_index)
+    nbytes = packed_extent(sizes, strides) * ITEMSIZE[_check_dtype(dtype)]
+    emit(ret, Tensor(Storage.allocate(nbytes, alloc), dtype, sizes, strides, 0), "ret_new_tensor")
 
 
 def _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret):

@@ -49,6 +49,8 @@ def _aligned_blob(blob: bytes | bytearray | memoryview | None) -> tuple[int, obj
 
 
 class AotiModel:
+    _open = 0  # models not yet closed; the host buffer cache is emptied when none are left
+
     """One AOTI model container over a ``.so`` whose ``aoti_torch_*`` calls go to etmetal.
 
     ``weights_blob`` is the constants blob AOTI wrote next to the ``.so``; constants
@@ -87,6 +89,8 @@ class AotiModel:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob)
         self._bind_api()
+        AotiModel._open += 1
+        self._counted = True
         with state.RUN_LOCK:
             previous = state.set_materialize(self.materialize)
             try:
@@ -192,7 +196,11 @@ class AotiModel:
         """The output as a torch tensor: adopted when it owns its storage alone, else copied."""
         t = state.lookup(handle, "output")
         view = t.torch()
-        result = view if t.storage.owned and t.storage.count == 1 else view.clone()
+        if t.storage.owned and t.storage.count == 1:
+            t.storage.hand_over()  # the caller's tensor keeps the memory; never recycle it
+            result = view
+        else:
+            result = view.clone()
         state.unregister(handle)
         return result
 
@@ -265,6 +273,11 @@ class AotiModel:
             self._check(rc, "deleting the container")
         self._blob_owner = None
         self._blob_ptr = 0
+        if getattr(self, "_counted", False):
+            self._counted = False
+            AotiModel._open -= 1
+            if AotiModel._open == 0:
+                HOST_ALLOCATOR.empty_cache()
 
     def __enter__(self) -> AotiModel:
         return self

@@ -27,7 +27,7 @@ _bool = ctypes.c_bool
 _f64 = ctypes.c_double
 _f32 = ctypes.c_float
 _string_at = ctypes.string_at
-_unpackers: dict[int, Callable] = {}
+_i64_arrays: dict[int, type] = {}
 
 
 def shim(fn: Callable) -> Callable:
@@ -53,10 +53,10 @@ def read_i64s(addr: int | None, n: int, what: str) -> tuple[int, ...]:
         return ()
     if not addr:
         raise ShimError(f"{what} is NULL but {n} values were expected")
-    unpack = _unpackers.get(n)
-    if unpack is None:
-        unpack = _unpackers[n] = struct.Struct(f"={n}q").unpack
-    return unpack(_string_at(addr, 8 * n))
+    array = _i64_arrays.get(n)
+    if array is None:
+        array = _i64_arrays[n] = _i64 * n
+    return tuple(array.from_address(addr)[:])
 
 
 def read_i32s(addr: int | None, n: int, what: str) -> tuple[int, ...]:

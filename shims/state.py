@@ -12,7 +12,7 @@ import itertools
 import threading
 from dataclasses import dataclass
 
-from .storage import ShimError, Storage, Tensor
+from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor
 
 # handles look like aligned pointers; never 0 (NULL)
 _HANDLE_BASE = 0x7E70_0000_0000
@@ -45,6 +45,7 @@ class MemoryStats:
     storages: int  # live storages, owned or borrowed
     bytes: int  # bytes held by live owned storages
     borrowed_storages: int
+    cached_bytes: int  # freed host buffers kept for reuse (HOST_ALLOCATOR.empty_cache())
 
 
 def memory_stats() -> MemoryStats:
@@ -54,6 +55,7 @@ def memory_stats() -> MemoryStats:
         storages=len(LIVE_STORAGES),
         bytes=sum(s.nbytes for s in owned),
         borrowed_storages=len(LIVE_STORAGES) - len(owned),
+        cached_bytes=HOST_ALLOCATOR.cached_bytes,
     )
 
 

@@ -39,12 +39,26 @@ class Allocator(ABC):
 
 
 class HostAllocator(Allocator):
-    """Aligned host memory, like Metal shared-storage buffers on Apple silicon."""
+    """Aligned host memory, like Metal shared-storage buffers on Apple silicon.
+
+    Freed buffers are kept in a small per-size cache (a model run allocates the
+    same buffer sizes every time); ``empty_cache()`` returns them to the system.
+    A buffer something else still views is never cached.
+    """
 
     device_type = DEVICE_CPU
     alignment = 64
 
+    def __init__(self, cache_limit_bytes: int = 256 << 20) -> None:
+        self.cache_limit_bytes = cache_limit_bytes
+        self.cached_bytes = 0
+        self._free: dict[int, list[torch.Tensor]] = {}
+
     def allocate(self, nbytes: int) -> torch.Tensor:
+        cached = self._free.get(nbytes)
+        if cached:
+            self.cached_bytes -= nbytes
+            return cached.pop()
         buf = torch.empty(nbytes, dtype=torch.uint8)
         if nbytes and buf.data_ptr() % self.alignment:
             # c10's CPU allocator aligns to 64 already; this path is a safety net
@@ -52,6 +66,20 @@ class HostAllocator(Allocator):
             skip = -raw.data_ptr() % self.alignment
             buf = raw[skip : skip + nbytes]
         return buf
+
+    def free(self, buffer: torch.Tensor) -> None:
+        nbytes = buffer.numel()
+        if not nbytes or self.cached_bytes + nbytes > self.cache_limit_bytes:
+            return
+        # 2 = the buffer itself + the temporary storage object of this query
+        if torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2:
+            return
+        self._free.setdefault(nbytes, []).append(buffer)
+        self.cached_bytes += nbytes
+
+    def empty_cache(self) -> None:
+        self._free.clear()
+        self.cached_bytes = 0
 
 
 HOST_ALLOCATOR = HostAllocator()
@@ -67,7 +95,16 @@ def _buffer_at(ptr: int, nbytes: int) -> torch.Tensor:
 class Storage:
     """One allocation or borrowed blob, shared by the tensors that reference it."""
 
-    __slots__ = ("ptr", "nbytes", "owned", "device_type", "count", "_buffer", "_allocator")
+    __slots__ = (
+        "ptr",
+        "nbytes",
+        "owned",
+        "device_type",
+        "count",
+        "_buffer",
+        "_allocator",
+        "_typed",
+    )
 
     def __init__(
         self,
@@ -86,6 +123,7 @@ class Storage:
         self.count = 0
         self._buffer = buffer
         self._allocator = allocator
+        self._typed: dict[int, torch.Tensor] = {}
 
     @classmethod
     def allocate(cls, nbytes: int, allocator: Allocator = HOST_ALLOCATOR) -> Storage:
@@ -104,9 +142,8 @@ class Storage:
         """Take over the memory of a host tensor ATen just produced (a fallback's result)."""
         untyped = tensor.untyped_storage()
         buf = torch.empty(0, dtype=torch.uint8).set_(untyped)
-        return cls(
-            untyped.data_ptr(), untyped.nbytes(), owned=True, buffer=buf, allocator=HOST_ALLOCATOR
-        )
+        # no allocator: ATen's memory goes back to ATen, never into the host cache
+        return cls(untyped.data_ptr(), untyped.nbytes(), owned=True, buffer=buf)
 
     @classmethod
     def borrow_tensor(cls, tensor: torch.Tensor) -> Storage:
@@ -121,12 +158,32 @@ class Storage:
             self._buffer = _buffer_at(self.ptr, self.nbytes)
         return self._buffer
 
+    def typed(self, dtype: int) -> torch.Tensor:
+        """The whole buffer as a 1-D tensor of ``dtype`` (cached per dtype)."""
+        t = self._typed.get(dtype)
+        if t is None:
+            itemsize = ITEMSIZE[dtype]
+            if self.ptr % itemsize:
+                raise ShimError(
+                    f"storage at {self.ptr:#x} is not aligned for {DTYPE_TO_TORCH[dtype]}"
+                )
+            buf = self.buffer
+            t = self._typed[dtype] = buf[: buf.numel() - buf.numel() % itemsize].view(
+                DTYPE_TO_TORCH[dtype]
+            )
+        return t
+
+    def hand_over(self) -> None:
+        """The memory now belongs to someone else (an adopted output): never recycle it."""
+        self._allocator = None
+
     def release(self) -> None:
         """Called when the last tensor goes: owned memory is returned, borrowed is left alone."""
-        if self.owned and self._allocator is not None and self._buffer is not None:
-            self._allocator.free(self._buffer)
-        self._buffer = None
-        self._allocator = None
+        buffer, allocator = self._buffer, self._allocator
+        self._buffer = self._allocator = None
+        self._typed = {}
+        if self.owned and allocator is not None and buffer is not None:
+            allocator.free(buffer)
 
 
 def packed_extent(sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
@@ -161,7 +218,16 @@ def is_packed(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 class Tensor:
     """A view: storage + dtype + sizes + strides + storage offset (in elements)."""
 
-    __slots__ = ("storage", "dtype", "sizes", "strides", "offset", "_c_sizes", "_c_strides")
+    __slots__ = (
+        "storage",
+        "dtype",
+        "sizes",
+        "strides",
+        "offset",
+        "data_ptr",
+        "_c_sizes",
+        "_c_strides",
+    )
 
     def __init__(
         self,
@@ -176,16 +242,13 @@ class Tensor:
         self.sizes = sizes
         self.strides = strides
         self.offset = offset
+        self.data_ptr = storage.ptr + offset * ITEMSIZE[dtype]
         self._c_sizes = None
         self._c_strides = None
 
     @property
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
-
-    @property
-    def data_ptr(self) -> int:
-        return self.storage.ptr + self.offset * ITEMSIZE[self.dtype]
 
     @property
     def numel(self) -> int:
@@ -207,14 +270,7 @@ class Tensor:
 
     def torch(self) -> torch.Tensor:
         """An ATen view of exactly this tensor's elements in the shim storage (no copy)."""
-        tdtype = DTYPE_TO_TORCH[self.dtype]
-        itemsize = ITEMSIZE[self.dtype]
-        buf = self.storage.buffer
-        if self.storage.ptr % itemsize:
-            raise ShimError(f"storage at {self.storage.ptr:#x} is not aligned for {tdtype}")
-        usable = buf.numel() - buf.numel() % itemsize
-        typed = buf[:usable].view(tdtype)
-        return typed.as_strided(self.sizes, self.strides, self.offset)
+        return self.storage.typed(self.dtype).as_strided(self.sizes, self.strides, self.offset)
 
 
 def tensor_from_torch(t: torch.Tensor, storage: Storage) -> Tensor:
