@@ -225,8 +225,24 @@ class Bridge:
             fn = getattr(self.lib, name)
             fn.restype = decl.ctypes_restype()
             fn.argtypes = decl.ctypes_argtypes()
+            if name == CHECK_SHIM:
+                fn = _python_safe_check(fn)
             self._functions[name] = fn
         return fn
+
+
+def _python_safe_check(fn):
+    """``aoti_torch_check(false)`` throws a C++ exception, which must not unwind into Python."""
+
+    def check(cond, func, file, line, msg):
+        if not cond:
+            raise BridgeError(
+                "aoti_torch_check(false, ...) throws std::runtime_error for its C++ caller; "
+                "it cannot be called with a false condition from Python"
+            )
+        return fn(cond, func, file, line, msg)
+
+    return check
 
 
 _BRIDGE: Bridge | None = None

@@ -57,6 +57,9 @@ class AotiModel:
     become tensors borrowing it, so it is kept alive until ``close()``. ``materialize``
     picks the ``_reinterpret_tensor`` behaviour for this model's calls ("view", the
     default, or "seed", upstream's always-copy behaviour, for comparison only).
+    ``check_inputs`` turns on the ``.so``'s own check of every input's dtype, sizes,
+    strides and device (AOTI_RUNTIME_CHECK_INPUTS, read by the ``.so`` on its first
+    run): a mismatched input is then an error, not an out-of-bounds read.
     """
 
     def __init__(
@@ -65,11 +68,14 @@ class AotiModel:
         weights_blob: bytes | bytearray | memoryview | None = None,
         *,
         materialize: str = "view",
+        check_inputs: bool = True,
     ) -> None:
         if materialize not in state.MATERIALIZE_MODES:
             raise ValueError(f"materialize must be one of {state.MATERIALIZE_MODES}")
         self.so_path = Path(so_path)
         self.materialize = materialize
+        self.check_inputs = check_inputs
+        self._first_run = True
         self._container = None
         self._lib = None
         self._bridge: Bridge = load_bridge()
@@ -192,6 +198,22 @@ class AotiModel:
             raise
         return handles
 
+    def _first_run_call(self, in_arr, n_in: int, out_arr) -> int:
+        """The ``.so`` reads AOTI_RUNTIME_CHECK_INPUTS once, on its first run: set it for that."""
+        key = "AOTI_RUNTIME_CHECK_INPUTS"
+        saved = os.environ.get(key)
+        os.environ[key] = "1" if self.check_inputs else "0"
+        try:
+            return self._run_fn(
+                self._container, in_arr, n_in, out_arr, self.num_outputs, None, None
+            )
+        finally:
+            self._first_run = False
+            if saved is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = saved
+
     def _take_output(self, handle: int) -> torch.Tensor:
         """The output as a torch tensor: adopted when it owns its storage alone, else copied."""
         t = state.lookup(handle, "output")
@@ -231,9 +253,12 @@ class AotiModel:
         in_arr = (ctypes.c_void_p * max(len(handles), 1))(*handles)
         out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
         before = self._bridge.calls
-        rc = self._run_fn(
-            self._container, in_arr, len(handles), out_arr, self.num_outputs, None, None
-        )
+        if self._first_run:
+            rc = self._first_run_call(in_arr, len(handles), out_arr)
+        else:
+            rc = self._run_fn(
+                self._container, in_arr, len(handles), out_arr, self.num_outputs, None, None
+            )
         produced = [out_arr[i] for i in range(self.num_outputs)]
         # inputs are stolen by the container; release any it left behind (e.g. on failure)
         for h in handles:

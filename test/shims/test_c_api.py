@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from etmetal.shims import last_error, load_bridge, memory_stats
+from etmetal.shims import BridgeError, last_error, load_bridge, memory_stats
 from etmetal.shims.dtypes import constant_shims
 
 
@@ -142,6 +142,8 @@ def test_invalid_calls_return_error_codes(cdrv):
 def test_check_passes_through_when_true(cdrv):
     cdrv.lib.aoti_torch_check(True, b"f", b"file", 1, b"fine")
     assert "aoti_torch_check" in load_bridge().exported
+    with pytest.raises(BridgeError, match="cannot be called with a false condition"):
+        cdrv.lib.aoti_torch_check(False, b"f", b"file", 1, b"boom")
 
 
 def _t(cdrv, h) -> torch.Tensor:

@@ -122,15 +122,22 @@ def test_fallback_ops_in_a_compiled_model(no_leaks):
 
 
 def test_wrong_inputs_and_short_weights_are_refused(artifacts, no_leaks):
-    _, art = artifacts["chunk_cat"]
+    ep, art = artifacts["chunk_cat"]
+    (x,) = _inputs(CASES_BY_NAME["chunk_cat"])
+    expected = ep.module()(x)
     blob = art.weights_path.read_bytes()
     with pytest.raises(AotiModelError, match="weights blob has 16 bytes"):
         AotiModel(art.so_path, blob[:16])
     with AotiModel(art.so_path, blob) as model:
         with pytest.raises(AotiModelError, match="expected 1 inputs, got 2"):
             model.run([torch.randn(4, 16), torch.randn(4, 16)])
-        with pytest.raises(AotiModelError, match="run failed"):
-            model.run([torch.randn(4, 16, dtype=torch.float64)])  # the .so rejects the dtype
+        with pytest.raises(AotiModelError, match="unmatched dtype"):
+            model.run([torch.randn(4, 16, dtype=torch.float64)])
+        with pytest.raises(AotiModelError, match="unmatched dim value"):
+            model.run([torch.randn(4, 8)])  # would read past the input without the check
+        with pytest.raises(AotiModelError, match="unmatched stride value"):
+            model.run([torch.randn(16, 4).t()])
+        torch.testing.assert_close(model.run([x])[0], expected)  # still usable afterwards
     with pytest.raises(AotiModelError, match="no such file"):
         AotiModel(Path(art.so_path).with_name("missing.so"))
 
@@ -186,3 +193,26 @@ def test_a_so_needing_unimplemented_shims_is_refused(tmp_path, no_leaks):
     )
     with pytest.raises(AotiModelError, match="aoti_torch_cpu_not_a_real_op"):
         AotiModel(so)
+
+
+class Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table(idx) * 2
+
+
+def test_kernel_bounds_check_becomes_an_error_not_a_crash(no_leaks):
+    """The kernel's AOTI_TORCH_CHECK calls etmetal's aoti_torch_check, which throws in C++."""
+    torch.manual_seed(0)
+    module = Lookup().eval()
+    ep = torch.export.export(module, (torch.tensor([1, 2, 3]),))
+    art = compile_exported_program(ep)
+    with AotiModel(art.so_path, art.weights_path.read_bytes()) as model:
+        good = torch.tensor([0, 4, 9])
+        torch.testing.assert_close(model.run([good])[0], module(good))
+        with pytest.raises(AotiModelError, match="index out of bounds"):
+            model.run([torch.tensor([1, 2, 11])])
+        torch.testing.assert_close(model.run([good])[0], module(good))
