@@ -28,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import abi, core, fallbacks  # noqa: F401 - importing registers the shims
+from . import abi, core, fallbacks, getters  # noqa: F401 - importing registers the shims
 from .dtypes import constant_shims
 from .registry import SHIMS
 from .state import record_error

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from . import state
 from .dtypes import DEVICE_CPU, DTYPE_TO_TORCH, ITEMSIZE, LAYOUT_STRIDED
 from .registry import (
     check_ndim,
     emit,
-    put_bool,
-    put_i32,
-    put_i64,
-    put_ptr,
     read_i64s,
     shim,
 )
@@ -47,7 +40,7 @@ def _allocator(device_type: int, device_index: int) -> Allocator:
     return alloc
 
 
-def _check_dtype(dtype: int) -> int:
+def check_dtype(dtype: int) -> int:
     if dtype not in ITEMSIZE:
         raise ShimError(f"unsupported dtype code {dtype}")
     return dtype
@@ -105,7 +98,7 @@ def aoti_torch_empty_strided(ndim, sizes_ptr, strides_ptr, dtype, device_type, d
     )
     _check_geometry(sizes, strides)
     alloc = _allocator(device_type, device_index)
-    nbytes = packed_extent(sizes, strides) * ITEMSIZE[_check_dtype(dtype)]
+    nbytes = packed_extent(sizes, strides) * ITEMSIZE[check_dtype(dtype)]
     emit(ret, Tensor(Storage.allocate(nbytes, alloc), dtype, sizes, strides, 0), "ret_new_tensor")
 
 
@@ -115,7 +108,7 @@ def _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, d
     strides = read_i64s(strides_ptr, ndim, "strides_ptr") if strides_ptr else None
     strides = contiguous_strides(sizes) if strides is None else strides
     _check_geometry(sizes, strides)
-    _check_dtype(dtype)
+    check_dtype(dtype)
     _allocator(device_type, device_index)
     if offset < 0:
         raise ShimError(f"storage offset {offset} is negative")
@@ -209,7 +202,7 @@ def aoti_torch__reinterpret_tensor(self, ndim, sizes_ptr, strides_ptr, offset_in
 def aoti_torch__alloc_from_pool(self, offset_bytes, dtype, ndim, sizes_ptr, strides_ptr, ret):
     pool = lookup(self, "self")
     check_ndim(ndim)
-    _check_dtype(dtype)
+    check_dtype(dtype)
     sizes = read_i64s(sizes_ptr, ndim, "sizes_ptr")
     strides = read_i64s(strides_ptr, ndim, "strides_ptr")
     _check_geometry(sizes, strides)
@@ -285,142 +278,3 @@ def aoti_torch_clone_preserve_strides(self, ret):
 @shim
 def aoti_torch_zero_(self):
     lookup(self, "self").torch().zero_()
-
-
-# --- getters ------------------------------------------------------------------------------
-
-
-@shim
-def aoti_torch_get_data_ptr(tensor, ret_data_ptr):
-    put_ptr(ret_data_ptr, lookup(tensor).data_ptr, "ret_data_ptr")
-
-
-@shim
-def aoti_torch_get_storage_size(tensor, ret_size):
-    put_i64(ret_size, lookup(tensor).storage.nbytes, "ret_size")
-
-
-@shim
-def aoti_torch_get_storage_numel(tensor, ret_numel):
-    t = lookup(tensor)
-    put_i64(ret_numel, t.storage.nbytes // t.itemsize, "ret_numel")
-
-
-@shim
-def aoti_torch_get_dim(tensor, ret_dim):
-    put_i64(ret_dim, len(lookup(tensor).sizes), "ret_dim")
-
-
-@shim
-def aoti_torch_get_numel(tensor, ret_numel):
-    put_i64(ret_numel, lookup(tensor).numel, "ret_numel")
-
-
-@shim
-def aoti_torch_get_sizes(tensor, ret_sizes):
-    put_ptr(ret_sizes, lookup(tensor).c_sizes(), "ret_sizes")
-
-
-@shim
-def aoti_torch_get_strides(tensor, ret_strides):
-    put_ptr(ret_strides, lookup(tensor).c_strides(), "ret_strides")
-
-
-def _dim(t: Tensor, d: int) -> int:
-    n = len(t.sizes)
-    if not -n <= d < n:
-        raise ShimError(f"dim {d} out of range for a {n}-d tensor")
-    return d % n
-
-
-@shim
-def aoti_torch_get_size(tensor, d, ret_size):
-    t = lookup(tensor)
-    put_i64(ret_size, t.sizes[_dim(t, d)], "ret_size")
-
-
-@shim
-def aoti_torch_get_stride(tensor, d, ret_stride):
-    t = lookup(tensor)
-    put_i64(ret_stride, t.strides[_dim(t, d)], "ret_stride")
-
-
-@shim
-def aoti_torch_get_dtype(tensor, ret_dtype):
-    put_i32(ret_dtype, lookup(tensor).dtype, "ret_dtype")
-
-
-@shim
-def aoti_torch_get_device_type(tensor, ret_device_type):
-    put_i32(ret_device_type, lookup(tensor).storage.device_type, "ret_device_type")
-
-
-@shim
-def aoti_torch_get_device_index(tensor, ret_device_index):
-    lookup(tensor)
-    put_i32(ret_device_index, 0, "ret_device_index")
-
-
-@shim
-def aoti_torch_get_layout(tensor, ret_layout):
-    lookup(tensor)
-    put_i32(ret_layout, LAYOUT_STRIDED, "ret_layout")
-
-
-@shim
-def aoti_torch_get_storage_offset(tensor, ret_storage_offset):
-    put_i64(ret_storage_offset, lookup(tensor).offset, "ret_storage_offset")
-
-
-@shim
-def aoti_torch_is_contiguous(tensor, ret_is_contiguous):
-    t = lookup(tensor)
-    want = contiguous_strides(t.sizes)
-    ok = all(s == 1 or st == w for s, st, w in zip(t.sizes, t.strides, want))
-    put_bool(ret_is_contiguous, ok, "ret_is_contiguous")
-
-
-@shim
-def aoti_torch_is_defined(tensor, ret_is_defined):
-    put_bool(ret_is_defined, bool(tensor) and tensor in state.HANDLES, "ret_is_defined")
-
-
-@shim
-def aoti_torch_get_current_device_index(ret_device_index):
-    put_i32(ret_device_index, 0, "ret_device_index")
-
-
-# --- modes, diagnostics -------------------------------------------------------------------
-
-
-@shim
-def aoti_torch_grad_mode_is_enabled():
-    return FLAGS.grad_enabled
-
-
-@shim
-def aoti_torch_grad_mode_set_enabled(enabled):
-    FLAGS.grad_enabled = bool(enabled)
-
-
-@shim
-def aoti_torch_dtype_element_size(dtype):
-    return ITEMSIZE[_check_dtype(dtype)]
-
-
-@shim
-def aoti_torch_warn(func, file, line, msg):
-    import ctypes
-
-    text = ctypes.string_at(msg).decode(errors="replace") if msg else ""
-    where = ctypes.string_at(func).decode(errors="replace") if func else "?"
-    warnings.warn(f"AOTI warning in {where} (line {line}): {text}", RuntimeWarning, stacklevel=1)
-
-
-@shim
-def aoti_torch_print_tensor_handle(self, msg):
-    import ctypes
-
-    t = lookup(self, "self")
-    label = ctypes.string_at(msg).decode(errors="replace") if msg else ""
-    print(f"[etmetal] {label} {t.torch()}")
