@@ -1,4 +1,4 @@
-"""Getters, modes and diagnostics: the read-only ``aoti_torch_*`` shims."""
+"""Getters, scalars, modes and diagnostics: the ``aoti_torch_*`` shims that read tensors."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import ctypes
 import warnings
 
 from . import state
-from .core import check_dtype
-from .dtypes import ITEMSIZE, LAYOUT_STRIDED
-from .registry import put_bool, put_i32, put_i64, put_ptr, shim
+from .core import check_dtype, new_owned
+from .dtypes import DTYPE_CODES, ITEMSIZE, LAYOUT_STRIDED
+from .registry import emit, put_bool, put_i32, put_i64, put_ptr, shim, shim_as
 from .state import FLAGS, lookup
 from .storage import ShimError, Tensor, contiguous_strides
 
@@ -145,3 +145,43 @@ def aoti_torch_print_tensor_handle(self, msg):
     t = lookup(self, "self")
     label = ctypes.string_at(msg).decode(errors="replace") if msg else ""
     print(f"[etmetal] {label} {t.torch()}")
+
+
+# --- scalars ------------------------------------------------------------------------------
+
+_ITEM_TYPES = {
+    "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+    "uint8": ctypes.c_uint8,
+    "int8": ctypes.c_int8,
+    "int16": ctypes.c_int16,
+    "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64,
+    "bool": ctypes.c_bool,
+}
+
+
+def _item_shim(name: str, ctype) -> None:
+    code = DTYPE_CODES[name]
+
+    def item(tensor, ret_value):
+        t = lookup(tensor)
+        if t.numel != 1:
+            raise ShimError(f"item() needs exactly one element, the tensor has {t.numel}")
+        if t.dtype != code:
+            raise ShimError(f"tensor dtype code {t.dtype} is not {name}")
+        if not ret_value:
+            raise ShimError("output pointer ret_value is NULL")
+        ctype.from_address(ret_value).value = t.torch().item()
+
+    def scalar_to_tensor(value, ret_new_tensor):
+        out = new_owned((), (), code)
+        out.torch().fill_(value)
+        emit(ret_new_tensor, out, "ret_new_tensor")
+
+    shim_as(f"aoti_torch_item_{name}", item)
+    shim_as(f"aoti_torch_scalar_to_tensor_{name}", scalar_to_tensor)
+
+
+for _name, _ctype in _ITEM_TYPES.items():
+    _item_shim(_name, _ctype)

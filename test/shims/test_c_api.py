@@ -222,3 +222,20 @@ def test_sdpa_and_topk_match_eager(cdrv):
     np.testing.assert_array_equal(cdrv.read(idx.value, np.int64), ref_idx.numpy())
     for h in (hq, hk, hv, r0.value, r1.value, m0.value, m1.value, hx, vals.value, idx.value):
         assert cdrv.delete(h) == 0
+
+
+@pytest.mark.parametrize(
+    "name, ctype, value",
+    [("float32", ctypes.c_float, 2.5), ("float64", ctypes.c_double, -1.25),
+     ("int64", ctypes.c_int64, 1 << 40), ("int32", ctypes.c_int32, -7), ("bool", ctypes.c_bool, True)],
+)  # fmt: skip
+def test_scalar_round_trip(cdrv, name, ctype, value):
+    h, got = ctypes.c_void_p(), ctype()
+    to_tensor = getattr(cdrv.lib, f"aoti_torch_scalar_to_tensor_{name}")
+    assert to_tensor(value, ctypes.byref(h)) == 0, last_error()
+    assert cdrv.geometry(h.value)[0] == ()
+    assert getattr(cdrv.lib, f"aoti_torch_item_{name}")(h.value, ctypes.byref(got)) == 0
+    assert got.value == value
+    other = "float64" if name != "float64" else "float32"
+    cdrv.expect_failure(f"aoti_torch_item_{other}", h.value, ctypes.byref(got), mentions="dtype")
+    assert cdrv.delete(h.value) == 0
