@@ -17,12 +17,18 @@ Running a model (what the Metal delegate does)::
     model.run([x], outputs=[y])               # results copied into caller tensors (resized
                                               # if the shape changed)
     model.close()                             # container, constants and memory released
-    assert memory_stats().storages == 0
+    assert memory_stats().storages == 0       # .bytes: live owned bytes; .cached_bytes: freed
+                                              # host buffers kept for reuse (emptied when the
+                                              # last model closes)
 
 ``AotiModel`` builds and loads the trampoline on first use (``load_bridge()``),
 checks that every ``aoti_torch_*`` symbol the ``.so`` needs is exported, and
-raises ``BridgeError`` if a run's shim calls did not reach etmetal. Failures of a
-shim surface as ``AotiModelError`` with the model's message and ``last_error()``.
+raises ``BridgeError`` if a run's shim calls did not reach etmetal. With
+``check_inputs=True`` (default) the ``.so`` validates each input's dtype, sizes,
+strides and device itself. Failures (a shim error, a kernel's bounds check) surface
+as ``AotiModelError`` with the model's message and ``last_error()``; a failed run
+leaks no handles and the model stays usable. Runs are serialized by a process-wide
+lock; the ``.so``'s OpenMP kernels use torch's intra-op thread count.
 
 Calling a shim exactly as a ``.so`` does (C calling convention, ctypes out-pointers)::
 

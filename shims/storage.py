@@ -34,8 +34,8 @@ class Allocator(ABC):
     def allocate(self, nbytes: int) -> torch.Tensor:
         """A 1-D uint8 tensor of at least ``nbytes`` whose data pointer is aligned."""
 
-    def free(self, buffer: torch.Tensor) -> None:  # noqa: B027 - host memory goes with the tensor
-        """Give ``buffer`` back (the host allocator just drops the reference)."""
+    def free(self, buffer: torch.Tensor, viewed: bool = True) -> None:  # noqa: B027
+        """Give ``buffer`` back; ``viewed``: ATen views of it were made (they may still live)."""
 
 
 class HostAllocator(Allocator):
@@ -67,12 +67,12 @@ class HostAllocator(Allocator):
             buf = raw[skip : skip + nbytes]
         return buf
 
-    def free(self, buffer: torch.Tensor) -> None:
+    def free(self, buffer: torch.Tensor, viewed: bool = True) -> None:
         nbytes = buffer.numel()
         if not nbytes or self.cached_bytes + nbytes > self.cache_limit_bytes:
             return
         # 2 = the buffer itself + the temporary storage object of this query
-        if torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2:
+        if viewed and torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2:
             return
         self._free.setdefault(nbytes, []).append(buffer)
         self.cached_bytes += nbytes
@@ -179,11 +179,12 @@ class Storage:
 
     def release(self) -> None:
         """Called when the last tensor goes: owned memory is returned, borrowed is left alone."""
-        buffer, allocator = self._buffer, self._allocator
+        buffer, allocator, viewed = self._buffer, self._allocator, bool(self._typed)
         self._buffer = self._allocator = None
         self._typed = {}
         if self.owned and allocator is not None and buffer is not None:
-            allocator.free(buffer)
+            # a buffer only kernels touched (never viewed by ATen) cannot be referenced elsewhere
+            allocator.free(buffer, viewed)
 
 
 def packed_extent(sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
