@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,34 @@ def test_kernel_bounds_check_becomes_an_error_not_a_crash(no_leaks):
         with pytest.raises(AotiModelError, match="index out of bounds"):
             model.run([torch.tensor([1, 2, 11])])
         torch.testing.assert_close(model.run([good])[0], module(good))
+
+
+_SHADOW_SCRIPT = r"""
+import ctypes, os, sys
+ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_GLOBAL)  # loaded before etmetal
+from etmetal.shims import AotiModel, BridgeError
+try:
+    AotiModel(sys.argv[2], open(sys.argv[3], "rb").read())
+except BridgeError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def test_a_so_that_would_bind_elsewhere_is_refused(tmp_path, artifacts):
+    """Another library in the global scope defining a shim first: the load must be refused."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    src, lib = tmp_path / "other.c", tmp_path / "libother.so"
+    src.write_text(
+        "#include <stdint.h>\nint32_t aoti_torch_get_dim(void* t, int64_t* d) { return 0; }\n"
+    )
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    _, art = artifacts["chunk_cat"]
+    script = tmp_path / "shadow.py"
+    script.write_text(_SHADOW_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(lib), str(art.so_path), str(art.weights_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "REFUSED" in out.stdout and "aoti_torch_get_dim" in out.stdout, out.stdout + out.stderr
