@@ -211,9 +211,29 @@ class Bridge:
         return self._calls.value
 
     def check_message(self) -> str:
+        """The message of the last failed ``aoti_torch_check`` (kernel bounds checks)."""
         return ctypes.string_at(
             ctypes.addressof(ctypes.c_char.in_dll(self.lib, "etm_check_message"))
         ).decode(errors="replace")
+
+    def shadowed(self, names) -> list[str]:
+        """Those of ``names`` that the process's global scope resolves to another library.
+
+        A model ``.so`` resolves its undefined symbols through the global scope; if a
+        library loaded RTLD_GLOBAL before the trampoline defines one, the ``.so`` would
+        bind to it instead of etmetal.
+        """
+        scope = ctypes.CDLL(None)  # dlopen(NULL): the global lookup scope
+        out = []
+        for name in names:
+            ours = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
+            try:
+                seen = ctypes.cast(getattr(scope, name), ctypes.c_void_p).value
+            except AttributeError:
+                seen = None
+            if seen != ours:
+                out.append(name)
+        return sorted(out)
 
     def c_function(self, name: str) -> ctypes._CFuncPtr:
         """The exported C function ``name`` with its exact signature, callable from Python."""

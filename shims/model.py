@@ -88,6 +88,12 @@ class AotiModel:
                 raise AotiModelError(
                     f"{self.so_path.name} needs shims etmetal does not implement: {missing}"
                 )
+            shadowed = self._bridge.shadowed(needed)
+            if shadowed:
+                raise BridgeError(
+                    f"{self.so_path.name} would bind {shadowed} to a library loaded into the "
+                    "global scope before etmetal's trampoline, not to etmetal"
+                )
         try:
             # PyDLL: keep the GIL across the call so the shim callbacks need not re-take it
             self._lib = ctypes.PyDLL(str(self.so_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)

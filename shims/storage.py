@@ -52,9 +52,18 @@ class HostAllocator(Allocator):
     def __init__(self, cache_limit_bytes: int = 256 << 20) -> None:
         self.cache_limit_bytes = cache_limit_bytes
         self.cached_bytes = 0
+        # debugging: fill every buffer handed out with this byte (0xFF: NaN for floats), so
+        # reads of memory nobody wrote show up instead of seeing stale values
+        self.fill_byte: int | None = None
         self._free: dict[int, list[torch.Tensor]] = {}
 
     def allocate(self, nbytes: int) -> torch.Tensor:
+        buf = self._allocate(nbytes)
+        if self.fill_byte is not None:
+            buf.fill_(self.fill_byte)
+        return buf
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
         cached = self._free.get(nbytes)
         if cached:
             self.cached_bytes -= nbytes
