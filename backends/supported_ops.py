@@ -71,6 +71,7 @@ EXTERN_LOWERINGS: dict[Any, str] = {
 MAY_FALL_BACK: dict[Any, str] = {
     aten.sort.default: "sort_stable",
     aten.sort.stable: "sort_stable",
+    aten.topk.default: "topk",
     aten.kthvalue.default: "kthvalue",
     aten.median.default: "median",
     aten.median.dim: "median_dim",

@@ -1,0 +1,1 @@
+"""Model definitions shared by tests, the CLI and benchmarks."""
