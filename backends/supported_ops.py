@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .edge_ops import aten_overload
 from .targets import HOST, MPS, device_of
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def fallback_shim_name(op: torch._ops.OpOverload, device: str) -> str:
 
 def aten_form(target: Any) -> Any:
     """The ATen overload Inductor will see for a (possibly edge-dialect) node target."""
-    op = getattr(target, "_op", target)  # EdgeOpOverload wraps the ATen overload
+    op = aten_overload(target)
     if isinstance(op, torch._ops.OpOverload):
         if op.namespace == "dim_order_ops":
             return _DIM_ORDER_FORMS.get(op.__name__.split(".")[0], op)
@@ -178,7 +179,7 @@ class TargetCapabilities:
             return self._check_control_flow(node)
         if isinstance(target, torch._ops.HigherOrderOperator):
             return OpVerdict(False, f"higher-order op {target.name()} has no AOTI lowering here")
-        raw = getattr(target, "_op", target)
+        raw = aten_overload(target)
         if isinstance(raw, torch._ops.OpOverload) and raw.namespace == "dim_order_ops":
             from .passes.dim_order_to_aten import convertible
 

@@ -30,6 +30,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..backends.compile_specs import check_compile_specs, parse_compile_specs, with_target
+from ..backends.edge_ops import aten_overload
 from ..backends.metal_backend import BACKEND_ID
 from ..backends.supported_ops import OpVerdict, TargetCapabilities
 from ..backends.targets import AUTO, resolve_target
@@ -46,7 +47,7 @@ _CONTROL_FLOW = (
 
 
 def op_name(target: Any) -> str:
-    op = getattr(target, "_op", target)
+    op = aten_overload(target)
     if isinstance(op, torch._ops.OpOverload):
         return f"{op.namespace}.{op.__name__}" if op.namespace != "aten" else f"aten.{op.__name__}"
     if isinstance(op, torch._ops.HigherOrderOperator):
@@ -56,7 +57,7 @@ def op_name(target: Any) -> str:
 
 def _is_compute(node: torch.fx.Node) -> bool:
     """A node worth a delegate (getitem and SymInt arithmetic alone are not)."""
-    target = getattr(node.target, "_op", node.target)
+    target = aten_overload(node.target)
     return isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)) and not (
         isinstance(target, torch._ops.OpOverload)
         and target.namespace == "aten"

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..edge_ops import aten_overload
+
 aten = torch.ops.aten
 
 
@@ -31,7 +33,7 @@ def memory_format_of(dim_order: Any, rank: int) -> torch.memory_format | None:
 
 
 def _aten_form(node: fx.Node) -> Any:
-    op = getattr(node.target, "_op", node.target)
+    op = aten_overload(node.target)
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "dim_order_ops":
         return None
     name = op.__name__.split(".")[0]

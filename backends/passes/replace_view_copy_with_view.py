@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..edge_ops import aten_overload
+
 aten = torch.ops.aten
 
 _VIEW_OF_COPY: dict[Any, Any] = {
@@ -30,7 +32,7 @@ _VIEW_OF_COPY: dict[Any, Any] = {
 
 
 def _aten(target: Any) -> Any:
-    return getattr(target, "_op", target)  # EdgeOpOverload -> ATen overload
+    return aten_overload(target)
 
 
 def _is_view(node: fx.Node) -> bool:
@@ -111,7 +113,11 @@ class ReplaceViewCopyWithView:
         seen, todo = [node], [node]
         while todo:
             for user in todo.pop().users:
-                if user not in seen and (_is_view(user) or _aten(user.target) in _VIEW_OF_COPY):
+                if user not in seen and (
+                    user.target is operator.getitem  # an element of a split's list
+                    or _is_view(user)
+                    or _aten(user.target) in _VIEW_OF_COPY
+                ):
                     seen.append(user)
                     todo.append(user)
         return seen
