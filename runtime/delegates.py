@@ -42,6 +42,9 @@ def _load_entry_points() -> None:
         if _entry_points_loaded:
             return
         _entry_points_loaded = True
+        # built-in delegates register on import; entry points below may override them
+        from . import metal_delegate  # noqa: F401
+
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
                 register_delegate(ep.name, ep.load())
