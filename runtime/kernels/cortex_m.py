@@ -60,7 +60,7 @@ def _same_or_channel_broadcast(op: str, a: torch.Tensor, b: torch.Tensor) -> Non
 # ---------------------------------------------------------------- quantize / dequantize
 
 
-@register_kernel("cortex_m::quantize_per_tensor.out")
+@register_kernel("cortex_m::quantize_per_tensor.out", num_returns=1)
 def quantize_per_tensor_out(input, scale, zero_point, quant_min, quant_max, dtype, out) -> None:
     op = "cortex_m::quantize_per_tensor.out"
     expect(op, "input", input, (torch.float32, torch.float16, torch.bfloat16))
@@ -78,7 +78,7 @@ def quantize_per_tensor_out(input, scale, zero_point, quant_min, quant_max, dtyp
     write_out(op, out, result.to(target))
 
 
-@register_kernel("cortex_m::dequantize_per_tensor.out")
+@register_kernel("cortex_m::dequantize_per_tensor.out", num_returns=1)
 def dequantize_per_tensor_out(input, scale, zero_point, quant_min, quant_max, dtype, out) -> None:
     op = "cortex_m::dequantize_per_tensor.out"
     source = scalar_type(op, dtype)
@@ -90,7 +90,7 @@ def dequantize_per_tensor_out(input, scale, zero_point, quant_min, quant_max, dt
 # ---------------------------------------------------------------- elementwise
 
 
-@register_kernel("cortex_m::quantized_add.out")
+@register_kernel("cortex_m::quantized_add.out", num_returns=1)
 def quantized_add_out(
     self, self_zero_point, self_multiplier, self_shift,
     other, other_zero_point, other_multiplier, other_shift,
@@ -112,7 +112,7 @@ def quantized_add_out(
     write_out(op, out, saturate_int8(summed + output_zero_point, activation_min, activation_max))
 
 
-@register_kernel("cortex_m::quantized_mul.out")
+@register_kernel("cortex_m::quantized_mul.out", num_returns=1)
 def quantized_mul_out(
     self, self_zero_point, other, other_zero_point,
     output_zero_point, output_multiplier, output_shift, out,
@@ -126,7 +126,7 @@ def quantized_mul_out(
     write_out(op, out, saturate_int8(scaled + output_zero_point))
 
 
-@register_kernel("cortex_m::quantized_div.out")
+@register_kernel("cortex_m::quantized_div.out", num_returns=1)
 def quantized_div_out(
     self, self_zero_point, other, other_zero_point, output_zero_point, output_scale, out
 ) -> None:
@@ -146,7 +146,7 @@ def quantized_div_out(
     write_out(op, out, torch.clamp(result, info.min, info.max).to(self.dtype))
 
 
-@register_kernel("cortex_m::quantized_activation.out")
+@register_kernel("cortex_m::quantized_activation.out", num_returns=1)
 def quantized_activation_out(input, lut, out) -> None:
     op = "cortex_m::quantized_activation.out"
     expect(op, "input", input, (torch.int8,))
@@ -168,12 +168,12 @@ def _min_max(op: str, fn, self, other, out) -> None:
     write_out(op, out, result)
 
 
-@register_kernel("cortex_m::minimum.out")
+@register_kernel("cortex_m::minimum.out", num_returns=1)
 def minimum_out(self, other, out) -> None:
     _min_max("cortex_m::minimum.out", torch.minimum, self, other, out)
 
 
-@register_kernel("cortex_m::maximum.out")
+@register_kernel("cortex_m::maximum.out", num_returns=1)
 def maximum_out(self, other, out) -> None:
     _min_max("cortex_m::maximum.out", torch.maximum, self, other, out)
 
@@ -181,7 +181,7 @@ def maximum_out(self, other, out) -> None:
 # ---------------------------------------------------------------- matrix products
 
 
-@register_kernel("cortex_m::quantized_linear.out")
+@register_kernel("cortex_m::quantized_linear.out", num_returns=1)
 def quantized_linear_out(
     input, weights, bias, kernel_sum, input_offset, filter_offset, output_offset,
     requantize_multipliers, requantize_shifts, activation_max, activation_min, out,
@@ -212,7 +212,7 @@ def quantized_linear_out(
     write_out(op, out, result.reshape(*input.shape[:-1], weights.shape[0]))
 
 
-@register_kernel("cortex_m::quantized_batch_matmul.out")
+@register_kernel("cortex_m::quantized_batch_matmul.out", num_returns=1)
 def quantized_batch_matmul_out(
     lhs, lhs_zero_point, rhs_transposed, rhs_zero_point,
     output_zero_point, output_multiplier, output_shift, scratch, out,
@@ -235,7 +235,7 @@ def quantized_batch_matmul_out(
 # ---------------------------------------------------------------- softmax and layout
 
 
-@register_kernel("cortex_m::softmax.out")
+@register_kernel("cortex_m::softmax.out", num_returns=1)
 def softmax_out(
     input, dim, input_zero_point, output_zero_point, input_multiplier, input_shift, diff_min, out
 ) -> None:
@@ -260,7 +260,7 @@ def softmax_out(
     write_out(op, out, saturate_int8(quantized))
 
 
-@register_kernel("cortex_m::transpose.out")
+@register_kernel("cortex_m::transpose.out", num_returns=1)
 def transpose_out(input, perm, out) -> None:
     op = "cortex_m::transpose.out"
     expect(op, "input", input)
@@ -280,7 +280,7 @@ def _is_channels_last(tensor: torch.Tensor) -> bool:
     return list(tensor.dim_order())[:2] == [0, 2]
 
 
-@register_kernel("cortex_m::pad.out")
+@register_kernel("cortex_m::pad.out", num_returns=1)
 def pad_out(input, pre_pad, post_pad, pad_value, out) -> None:
     op = "cortex_m::pad.out"
     expect(op, "input", input)

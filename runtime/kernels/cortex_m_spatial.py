@@ -236,7 +236,7 @@ def _register(name: str, compute: Callable[..., torch.Tensor], n_args: int, nhwc
         write_out(op, out, result)
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_out"
-    register_kernel(op)(kernel)
+    register_kernel(op, num_returns=1)(kernel)
 
 
 def _drop_scratch(compute, n_scratch: int):

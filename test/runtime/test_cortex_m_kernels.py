@@ -518,3 +518,59 @@ def test_bad_arguments_raise_errors_naming_operator_and_argument():
     with pytest.raises(CortexMKernelError, match=r"quantized_linear\.out.*does not match weights"):
         run("quantized_linear", rand_int8(2, 5), rand_int8(3, 6), None, None, 0, 0, 0, [1 << 30], [0],
             127, -128, out=torch.empty(2, 3, dtype=torch.int8))  # fmt: skip
+
+
+# ---------------------------------------------------------------- whole zoo programs
+
+# cases whose lowered programs together use add, mul, linear, conv, depthwise conv,
+# transposed conv, pad, pools, softmax, transpose, minimum/maximum and the LUT activation
+ZOO_REPLAY = ["ds_cnn", "resnet8", "conv_transpose2d", "max_pool2d", "softmax", "hardswish",
+              "mul_add", "transpose_linear", "inverted_residual"]  # fmt: skip
+
+
+class _EtmetalKernelInterpreter(torch.fx.Interpreter):
+    """Evaluates a Cortex-M dialect graph, sending every ``cortex_m`` node to etmetal's
+    kernel with an out tensor laid out as the node's recorded result."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.calls: dict[str, int] = {}
+
+    def run_node(self, n):
+        self._node = n
+        return super().run_node(n)
+
+    def call_function(self, target, args, kwargs):
+        name = getattr(target, "_name", "") or str(target)
+        if not name.startswith("cortex_m::"):
+            return super().call_function(target, args, kwargs)
+        val = self._node.meta["val"]
+        out = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype)
+        lookup(f"{name}.out")(*args, *kwargs.values(), out)
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return out
+
+
+@pytest.mark.parametrize("case_name", ZOO_REPLAY)
+def test_zoo_dialect_program_on_etmetal_kernels_is_bit_exact(case_name):
+    """Every cortex_m call of a lowered zoo program, with its real quantization parameters,
+    run on etmetal's kernels: the program's outputs equal the Python reference's exactly."""
+    from executorch.backends.cortex_m.test.tester import CortexMTester
+    from executorch.backends.test.harness.stages import StageType
+
+    from etmetal.scripts.models.cortex_m_zoo import zoo
+
+    model, inputs = zoo()[case_name].build()
+    tester = CortexMTester(model, inputs)
+    tester.quantize(None).export().to_edge().run_passes()
+    with torch.no_grad():
+        expected = tester.stages[StageType.RUN_PASSES].run_artifact(inputs)
+        module = tester.get_artifact(StageType.RUN_PASSES).exported_program().module()
+        interpreter = _EtmetalKernelInterpreter(module)
+        actual = interpreter.run(*inputs)
+    assert interpreter.calls, "the lowered program has no cortex_m operators"
+    expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+    actual = [actual] if isinstance(actual, torch.Tensor) else list(actual)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert_same(a, e)

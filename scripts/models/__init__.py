@@ -1,0 +1,1 @@
+"""Shared model definitions used by tests, the CLI and benchmarks."""
