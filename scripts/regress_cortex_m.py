@@ -12,6 +12,7 @@ Cortex-M dialect program evaluated on ExecuTorch's Python reference kernels.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -179,11 +180,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{case.name:<22} {case.group:<7} qtol={case.qtol:<3} {case.source}{note}")
         return 0
     results = []
-    for case in cases:
-        result = run_case(case, cache_dir=args.cache_dir, use_cache=not args.no_cache)
-        results.append(result)
-        if not args.json:
-            print(f"  {case.name}: {result.status}", file=sys.stderr, flush=True)
+    # progress and anything the lowering prints go to stderr: stdout is the table or JSON
+    with contextlib.redirect_stdout(sys.stderr):
+        for case in cases:
+            result = run_case(case, cache_dir=args.cache_dir, use_cache=not args.no_cache)
+            results.append(result)
+            print(f"  {case.name}: {result.status}", flush=True)
     if args.json:
         json.dump(
             {"suite": "cortex-m", "results": [asdict(r) for r in results]}, sys.stdout, indent=1

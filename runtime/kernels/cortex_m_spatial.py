@@ -123,11 +123,29 @@ def depthwise_conv2d(op, input, weight, bias, stride, padding, dilation, depth_m
             f"with depth_multiplier {depth_multiplier}",
         )
     stride, padding, dilation = _conv_geometry(op, stride, padding, dilation)
-    acc = _integer_conv2d(
-        input.to(torch.int32) + int(input_offset),
-        weight.to(torch.int32).permute(3, 0, 1, 2),
-        stride, padding, dilation, channels,
-    )  # fmt: skip
+    x = input.to(torch.int32) + int(input_offset)
+    if out_channels != channels:  # output channel c reads input channel c // depth_multiplier
+        x = x.repeat_interleave(int(depth_multiplier), dim=1)
+    # padding contributes nothing (it is added after the input offset)
+    x = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    kh, kw = weight.shape[1], weight.shape[2]
+    out_h = (x.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    out_w = (x.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if out_h <= 0 or out_w <= 0:
+        raise CortexMKernelError(op, f"kernel {kh}x{kw} does not fit input {list(input.shape)}")
+    # one multiply-accumulate per kernel tap over the whole tensor: exact int32 arithmetic
+    # (aten's grouped integer convolution is slow, and float would need a size argument)
+    taps = weight.to(torch.int32).reshape(kh, kw, 1, out_channels, 1, 1)
+    acc = torch.zeros(x.shape[0], out_channels, out_h, out_w, dtype=torch.int32)
+    for i in range(kh):
+        for j in range(kw):
+            top, left = i * dilation[0], j * dilation[1]
+            window = x[
+                :, :,
+                top : top + stride[0] * (out_h - 1) + 1 : stride[0],
+                left : left + stride[1] * (out_w - 1) + 1 : stride[1],
+            ]  # fmt: skip
+            acc += window * taps[i, j]
     bias = _bias(op, bias, out_channels)
     if bias is not None:
         acc = acc + bias

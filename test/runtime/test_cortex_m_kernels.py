@@ -349,6 +349,8 @@ def test_quantized_conv2d(case, with_bias, act):
         ((1, 8, 10, 10), 1, (3, 3), (1, 1), (1, 1)),
         ((1, 4, 9, 6), 2, (3, 3), (2, 2), (1, 1)),
         ((2, 16, 7, 7), 1, (5, 3), (1, 2), (2, 0)),
+        ((1, 3, 5, 5), 3, (5, 5), (1, 1), (2, 2)),
+        ((1, 64, 25, 5), 1, (3, 3), (1, 1), (1, 1)),  # ds_cnn's depthwise layers
     ],
 )
 @pytest.mark.parametrize("with_bias", [True, False])
@@ -522,10 +524,9 @@ def test_bad_arguments_raise_errors_naming_operator_and_argument():
 
 # ---------------------------------------------------------------- whole zoo programs
 
-# cases whose lowered programs together use add, mul, linear, conv, depthwise conv,
-# transposed conv, pad, pools, softmax, transpose, minimum/maximum and the LUT activation
-ZOO_REPLAY = ["ds_cnn", "resnet8", "conv_transpose2d", "max_pool2d", "softmax", "hardswish",
-              "mul_add", "transpose_linear", "inverted_residual"]  # fmt: skip
+# lowered programs that together use conv, depthwise and transposed conv, pad, average
+# pooling, linear, mul, minimum and transpose (the end-to-end runtime test covers more)
+ZOO_REPLAY = ["ds_cnn", "hardswish", "conv_transpose2d", "transpose_linear"]
 
 
 class _EtmetalKernelInterpreter(torch.fx.Interpreter):
@@ -574,3 +575,20 @@ def test_zoo_dialect_program_on_etmetal_kernels_is_bit_exact(case_name):
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         assert_same(a, e)
+
+
+@pytest.mark.parametrize("dilation,depth_multiplier", [((2, 2), 1), ((1, 3), 2)])
+def test_quantized_depthwise_conv2d_dilated(dilation, depth_multiplier):
+    # the reference cannot run a dilated integer convolution: give it the equivalent
+    # undilated kernel with zeros between the taps
+    x = rand_int8(1, 6, 11, 12, channels_last=True)
+    out_c = 6 * depth_multiplier
+    w = rand_int8(1, 3, 3, out_c)
+    mults, shifts, bias = _conv_params(out_c, True)
+    tail = (depth_multiplier, -1, 5, mults, shifts, -128, 127, torch.empty(0, dtype=torch.int8))
+    expected = ref("quantized_depthwise_conv2d")(
+        x, dilate_ohwi(w, dilation), bias, [1, 1], [2, 2], [1, 1], *tail
+    )
+    actual = run("quantized_depthwise_conv2d", x, w, bias, [1, 1], [2, 2], list(dilation), *tail,
+                 out=empty_like_ref(expected, True))  # fmt: skip
+    assert_same(actual, expected)
