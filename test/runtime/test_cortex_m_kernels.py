@@ -12,16 +12,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import executorch.backends.cortex_m.passes  # noqa: F401  (registers torch.ops.cortex_m)
 import pytest
 import torch
+from executorch.backends.cortex_m.passes.passes_utils import quantize_multiplier_aot
 
-pytest.importorskip("executorch.backends.cortex_m.passes")  # registers torch.ops.cortex_m
-
-from executorch.backends.cortex_m.passes.passes_utils import quantize_multiplier_aot  # noqa: E402
-
-from etmetal.runtime.kernels import cortex_m  # noqa: E402, F401  (registers the kernels)
-from etmetal.runtime.kernels.cortex_m_common import CortexMKernelError  # noqa: E402
-from etmetal.runtime.kernels.registry import lookup  # noqa: E402
+from etmetal.runtime.kernels import cortex_m  # noqa: F401  (registers the kernels)
+from etmetal.runtime.kernels.cortex_m_common import CortexMKernelError
+from etmetal.runtime.kernels.registry import lookup
 
 CL = torch.channels_last
 
