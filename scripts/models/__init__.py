@@ -1,1 +1,1 @@
-"""Shared model definitions used by tests, the CLI and benchmarks."""
+"""Model definitions shared by the tests, the CLI (demo, regress) and the benchmarks."""
