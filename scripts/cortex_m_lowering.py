@@ -21,6 +21,7 @@ executorch versions), so reruns skip the lowering.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import shutil
@@ -62,6 +63,12 @@ def cache_key(case: ZooCase, model: torch.nn.Module, inputs, calibration) -> str
     h = hashlib.sha256()
     h.update(f"{_CACHE_FORMAT}|{torch.__version__}|{version('executorch')}|{case.name}".encode())
     h.update(f"{type(model).__module__}.{type(model).__qualname__}|{model!r}".encode())
+    # the forward code too: the same modules wired differently lower differently
+    for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
+        try:
+            h.update(inspect.getsource(cls).encode())
+        except (OSError, TypeError):
+            h.update(f"{cls.__module__}.{cls.__qualname__}".encode())
     for name, tensor in sorted(model.state_dict().items()):
         h.update(name.encode())
         _hash_tensor(h, tensor)
