@@ -106,6 +106,22 @@ def test_matrix_rows_and_json(capsys):
     assert {r["error"] for r in rows if r["error"]} == {"0x12 in aten::view_copy.out"}
 
 
+def test_exit_code_is_nonzero_when_an_etmetal_row_is_not_exact(monkeypatch, capsys):
+    # swap etmetal's config for the stock one: its rows must then fail the command
+    from executorch.exir import ExecutorchBackendConfig
+
+    import etmetal.backends.config as config_module
+
+    monkeypatch.setattr(
+        config_module,
+        "backend_config",
+        lambda remove_view_copy=True: ExecutorchBackendConfig(remove_view_copy=remove_view_copy),
+    )
+    assert regress.run(argparse.Namespace(json=False, case=["patch_embed"])) == 1
+    out = capsys.readouterr().out
+    assert "etmetal: 0/4 exact" in out
+
+
 def test_unknown_case_is_an_error_naming_it(capsys):
     assert regress.run(argparse.Namespace(json=False, case=["nope"])) == 2
     assert "nope" in capsys.readouterr().err
