@@ -71,11 +71,12 @@ def _spec_of(node: torch.fx.Node, role: str, view: torch.fx.Node) -> TensorSpec:
     return spec
 
 
-def _fake_value_of(node: torch.fx.Node, role: str) -> torch.Tensor:
+def _fake_value_of(node: torch.fx.Node, role: str, view: torch.fx.Node) -> torch.Tensor:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
+        where = "" if node is view else f" (input of view_copy node {view.name!r})"
         raise LayoutSafeViewCopyError(
-            f"{role} node {node.name!r} has no tensor fake value in meta['val'] "
+            f"{role} node {node.name!r}{where} has no tensor fake value in meta['val'] "
             f"(found {type(val).__name__})"
         )
     return val
@@ -94,6 +95,11 @@ def checked_dim_order(node: torch.fx.Node, spec: TensorSpec) -> tuple[int, ...]:
         raise LayoutSafeViewCopyError(
             f"node {node.name!r} has an unknown dim order {raw!r} for a rank-{rank} tensor "
             f"(shape {list(spec.shape)}); expected a permutation of {list(range(rank))}"
+        )
+    if len(spec.stride) != rank:
+        raise LayoutSafeViewCopyError(
+            f"node {node.name!r} has a TensorSpec with {len(spec.stride)} strides for "
+            f"shape {list(spec.shape)}"
         )
     return dim_order
 
@@ -197,7 +203,8 @@ class LayoutSafeViewCopyPass(PassBase):
                 )
             checked_dim_order(view, _spec_of(view, "view_copy", view))
             checked_dim_order(base, _spec_of(base, "input", view))
-            _fake_value_of(view, "view_copy")
+            _fake_value_of(view, "view_copy", view)
+            _fake_value_of(base, "input", view)
         if self.replace_views:
             views = self._normalize_bases(graph, views)
         written = _written_nodes(graph)
@@ -261,7 +268,7 @@ class LayoutSafeViewCopyPass(PassBase):
     def _insert_conversion(
         graph: torch.fx.Graph, base: torch.fx.Node, before: torch.fx.Node
     ) -> torch.fx.Node:
-        base_val = _fake_value_of(base, "input")
+        base_val = _fake_value_of(base, "input", before)
         base_spec: TensorSpec = base.meta["spec"]
         rank = len(base_spec.shape)
         with graph.inserting_before(before):

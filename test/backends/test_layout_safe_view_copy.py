@@ -132,6 +132,27 @@ def test_view_feeding_the_graph_output_stays_a_copy():
     assert not _views(gm)
 
 
+class _ChannelsLastViewIsOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 2, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).flatten(2)
+
+
+@pytest.mark.parametrize("remove_view_copy", [False, True])
+def test_channels_last_view_feeding_the_output_is_legalized_and_kept(remove_view_copy):
+    model = _ChannelsLastViewIsOutput().eval()
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    edge = to_edge_for(torch.export.export(model, (x,)), skip_dim_order=False)
+    manager = lower(edge, remove_view_copy=remove_view_copy, lowering="etmetal")
+    assert kernel_calls(manager, "aten::view_copy") == 1
+    assert kernel_calls(manager, "dim_order_ops::_to_dim_order_copy") == 1
+    (out,) = run_on_stock_runtime(manager.buffer, [x])
+    torch.testing.assert_close(out, model(x).detach(), rtol=0, atol=1e-5)
+
+
 def test_mutated_view_stays_a_copy_and_other_views_do_not():
     gm = _spec_propagated("contiguous")
     first, *others = _nodes(gm, is_view_copy)
@@ -153,6 +174,7 @@ class _BufferViewBeforeUpdate(nn.Module):
         return y
 
 
+@pytest.mark.filterwarnings("ignore:Mutation on a buffer")  # the emitter's general notice
 def test_view_of_a_mutated_buffer_stays_a_copy_and_runs_right():
     x = torch.randn(3, 4)
     edge = to_edge_for(torch.export.export(_BufferViewBeforeUpdate(), (x,)), skip_dim_order=False)
@@ -210,6 +232,16 @@ def test_view_copy_without_fake_value_names_the_node():
     del view_copy.meta["val"]
     with pytest.raises(LayoutSafeViewCopyError, match=rf"'{view_copy.name}'.*meta\['val'\]"):
         LayoutSafeViewCopyPass()(gm)
+
+
+def test_base_without_fake_value_names_the_base_and_its_view():
+    gm = _spec_propagated("patch_embed")
+    (view_copy,) = _nodes(gm, is_view_copy)
+    base = view_copy.args[0]
+    del base.meta["val"]
+    with pytest.raises(LayoutSafeViewCopyError, match=rf"'{base.name}'.*'{view_copy.name}'"):
+        LayoutSafeViewCopyPass()(gm)
+    assert not _nodes(gm, lambda n: n.target == TO_DIM_ORDER)
 
 
 def test_malformed_graph_is_left_unchanged():
