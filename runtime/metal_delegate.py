@@ -227,6 +227,8 @@ class MetalDelegate(BackendExecutor):
         model, self._model = self._model, None
         try:
             if model is not None:
+                # container and constants freed; the .so stays mapped: AOTI's .so has
+                # STB_GNU_UNIQUE symbols, which make glibc's dlclose a no-op
                 model.close()
         finally:
             self._weights = None
