@@ -202,9 +202,10 @@ def delegated_tests(out_dir: Path, flow: str) -> set[str]:
         return set()
     ids = set()
     for line in log.read_text().splitlines():
-        path, _, name = line.partition("::")
-        name = name.replace(f"[{flow}-", "[").replace(f"[{flow}]", "")
-        ids.add(f"operators.{Path(path).stem}::{name}")
+        path, *scopes = line.split("::")  # file::[Class::]test[params]
+        name = scopes[-1].replace(f"[{flow}-", "[").replace(f"[{flow}]", "")
+        classname = ".".join([f"{Path(path).parent.name}.{Path(path).stem}", *scopes[:-1]])
+        ids.add(f"{classname}::{name}")
     return ids
 
 
