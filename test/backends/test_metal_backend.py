@@ -265,7 +265,7 @@ def test_upstream_metal_backend_fails_here_without_etmetal():
 
     module, inputs = get_model_and_inputs("add")
     ep = to_edge(torch.export.export(module, inputs)).exported_program()
-    with pytest.raises(Exception):  # noqa: B017 - any failure: ImportError, RuntimeError...
+    with pytest.raises(RuntimeError, match="libtorchao_ops_mps"):
         Upstream.preprocess(ep, [])
 
 
@@ -281,3 +281,36 @@ def test_progress_is_reported_while_compiling(monkeypatch, caplog):
         time.sleep(0.3)
     beats = [r for r in caplog.records if "still compiling" in r.getMessage()]
     assert len(beats) >= 2 and "done in" in caplog.records[-1].getMessage()
+
+
+def test_codesign_identity_is_carried_and_only_applied_on_macos(caplog):
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    module, inputs = get_model_and_inputs("add")
+    specs = [CompileSpec("codesign_identity", b"-")]
+    with caplog.at_level(logging.WARNING, logger="etmetal.backends.codesign"):
+        program, _ = lower(module, inputs, target="host", compile_specs=specs)
+    [delegate] = deserialize_pte_binary(program.buffer).program.execution_plan[0].delegates
+    assert {s.key: s.value for s in delegate.compile_specs}["codesign_identity"] == b"-"
+    if sys.platform != "darwin":
+        assert any("needs macOS" in r.getMessage() for r in caplog.records)
+        # unsigned: the .so is the cached artifact, byte for byte
+        unsigned, _ = lower(*get_model_and_inputs("add"), target="host")
+        assert delegate_payloads(program.buffer) == delegate_payloads(unsigned.buffer)
+
+
+def test_export_command_writes_a_pte(tmp_path, capsys):
+    from etmetal.scripts.cli import main
+
+    out = tmp_path / "split_cat.pte"
+    assert main(["export", "split_cat", "--target", "host", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 MetalBackend delegate(s)" in printed and "Metal partition report" in printed
+    assert [p[0] for p in delegate_payloads(out.read_bytes())] == ["MetalBackend"]
+
+
+def test_export_command_rejects_unknown_models(capsys):
+    from etmetal.scripts.cli import main
+
+    with pytest.raises(SystemExit, match="neither a registry name"):
+        main(["export", "no_such_model"])
