@@ -176,7 +176,15 @@ class TargetCapabilities:
                 return self.check_node(src)
             return OpVerdict(True, "getitem")
         if target in _CONTROL_FLOW:
-            return self._check_control_flow(node)
+            # torch 2.13's aot_compile fails on edge-dialect branch graphs (functionalizing
+            # the cond raises "FunctionalTensor on its own"), so control flow stays out
+            # until that works; _check_control_flow judges the branches once it does
+            verdict = self._check_control_flow(node)
+            return OpVerdict(
+                False,
+                f"{target.name()} is not compiled by AOTInductor from edge dialect here"
+                + ("" if verdict.supported else f" (and {verdict.reason})"),
+            )
         if isinstance(target, torch._ops.HigherOrderOperator):
             return OpVerdict(False, f"higher-order op {target.name()} has no AOTI lowering here")
         raw = aten_overload(target)

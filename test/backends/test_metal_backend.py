@@ -314,3 +314,23 @@ def test_export_command_rejects_unknown_models(capsys):
 
     with pytest.raises(SystemExit, match="neither a registry name"):
         main(["export", "no_such_model"])
+
+
+def test_mutated_buffer_goes_into_the_delegate():
+    class Accumulate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("acc", torch.zeros(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.acc.add_(x)
+            return self.acc * 2.0
+
+    partitioner = MetalPartitioner(target="host")
+    ep = torch.export.export(Accumulate(), (torch.randn(4),))
+    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    lowered = edge.exported_program()
+    # the buffer and its update now live in the delegate, not in the program
+    assert not lowered.graph_signature.buffers_to_mutate
+    assert partitioner.report.kept_out == []
+    assert [p[0] for p in delegate_payloads(edge.to_executorch().buffer)] == ["MetalBackend"]
