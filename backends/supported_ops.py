@@ -105,6 +105,8 @@ _DIM_ORDER_FORMS = {
     "_clone_dim_order": aten.clone.default,
 }
 
+_SYM_MODULES = ("_operator", "operator", "math")
+_SYM_FUNCTIONS = (torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int)
 _CONTROL_FLOW = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
 _NO_FLOAT64 = (torch.float64, torch.complex64, torch.complex128)
 
@@ -195,8 +197,10 @@ class TargetCapabilities:
                 return OpVerdict(False, f"{raw} with a dim order no memory format expresses")
         op = aten_form(target)
         if not isinstance(op, torch._ops.OpOverload):
-            # SymInt arithmetic (operator.mul on sizes, ...) is generated inline
-            return OpVerdict(True, "symbolic arithmetic")
+            if getattr(op, "__module__", None) in _SYM_MODULES or op in _SYM_FUNCTIONS:
+                # SymInt arithmetic (operator.mul on sizes, ...) is generated inline
+                return OpVerdict(True, "symbolic arithmetic")
+            return OpVerdict(False, f"{op} is not an operator Inductor lowers")
         if op.namespace == "dim_order_ops":
             return OpVerdict(False, f"{op} has no ATen form for Inductor")
         if self.device == "mps":
