@@ -334,3 +334,23 @@ def test_mutated_buffer_goes_into_the_delegate():
     assert not lowered.graph_signature.buffers_to_mutate
     assert partitioner.report.kept_out == []
     assert [p[0] for p in delegate_payloads(edge.to_executorch().buffer)] == ["MetalBackend"]
+
+
+def test_export_command_takes_module_callable(tmp_path, monkeypatch, capsys):
+    from etmetal.scripts.cli import main
+
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "class Twice(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x + x\n"
+        "def bare():\n"
+        "    return Twice()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "twice.pte"
+    with pytest.raises(SystemExit, match="--input-shape"):
+        main(["export", "my_models:bare", "-o", str(out)])
+    args = ["export", "my_models:bare", "--input-shape", "10", "--target", "host", "-o", str(out)]
+    assert main(args) == 0
+    assert [p[0] for p in delegate_payloads(out.read_bytes())] == ["MetalBackend"]
