@@ -1,1 +1,1 @@
-"""Model definitions shared by tests, the CLI and benchmarks."""
+"""Model definitions shared by the tests, the CLI (demo, regress) and the benchmarks."""

@@ -1,0 +1,44 @@
+"""etmetal's Python ExecuTorch runtime: load a ``.pte``, plan its memory, run its methods.
+
+Mirrors ``executorch.runtime``::
+
+    program = Runtime.get().load_program("model.pte")
+    method = program.load_method("forward")
+    outputs = method.execute([x])
+"""
+
+from .backend_interface import BackendExecutor, BackendInitContext
+from .delegates import lookup_delegate, register_delegate
+from .errors import (
+    DelegateError,
+    EtmetalRuntimeError,
+    ExecutionError,
+    InputError,
+    InvalidProgramError,
+    MissingDelegateError,
+    MissingKernelError,
+    ResourceLimitError,
+)
+from .method import Method, MethodMeta, TensorSpec, ValueSpec
+from .program import Program, Runtime
+
+__all__ = [
+    "BackendExecutor",
+    "BackendInitContext",
+    "DelegateError",
+    "EtmetalRuntimeError",
+    "ExecutionError",
+    "InputError",
+    "InvalidProgramError",
+    "Method",
+    "MethodMeta",
+    "MissingDelegateError",
+    "MissingKernelError",
+    "Program",
+    "ResourceLimitError",
+    "Runtime",
+    "TensorSpec",
+    "ValueSpec",
+    "lookup_delegate",
+    "register_delegate",
+]

@@ -1,0 +1,52 @@
+"""The runtime's error classes. Every failure the runtime reports is one of these.
+
+Messages name what was wrong: the method, the value index, the instruction index,
+the operator or the file, so a bad program can be diagnosed from the message alone.
+"""
+
+from __future__ import annotations
+
+
+class EtmetalRuntimeError(RuntimeError):
+    """Base class of every error raised by ``etmetal.runtime``."""
+
+
+class InvalidProgramError(EtmetalRuntimeError):
+    """The ``.pte`` (or a ``.ptd``) is malformed or inconsistent."""
+
+
+class MissingKernelError(InvalidProgramError):
+    """The program uses operators that no registered kernel implements."""
+
+    def __init__(self, method: str, operators: list[str]):
+        self.method = method
+        self.operators = list(operators)
+        super().__init__(
+            f"method {method!r}: no kernel for {len(operators)} operator(s): "
+            + ", ".join(operators)
+        )
+
+
+class MissingDelegateError(InvalidProgramError):
+    """The program calls a delegate whose backend id is not registered."""
+
+
+class DelegateError(EtmetalRuntimeError):
+    """A delegate failed to initialize or execute."""
+
+
+class ResourceLimitError(InvalidProgramError):
+    """The program asks for more memory than the runtime's configured cap."""
+
+
+class InputError(EtmetalRuntimeError):
+    """``Method.execute`` was given inputs that do not match the method's specs."""
+
+
+class ExecutionError(EtmetalRuntimeError):
+    """An instruction failed while the method ran."""
+
+    def __init__(self, message: str, *, method: str = "", instruction: int = -1):
+        self.method = method
+        self.instruction = instruction
+        super().__init__(message)

@@ -1,0 +1,63 @@
+"""Portable kernels: any operator torch knows, called through its ``torch.ops`` overload.
+
+An ExecuTorch program names out variants (``aten::add.out``); the instruction holds the
+schema's arguments in order, so the kernel passes positional arguments positionally and
+keyword-only ones (``alpha``, ``out``) by name. Functional overloads work too: a tensor
+result is copied into the slot the program planned for it, a scalar result is returned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import Kernel, register_resolver, torch_op
+
+
+def _store(result: object, outs: tuple) -> object:
+    if not outs:
+        return result
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for out, value in zip(outs, results):
+        if isinstance(out, torch.Tensor) and isinstance(value, torch.Tensor):
+            if out.shape != value.shape:
+                out.resize_(value.shape)
+            out.copy_(value)
+    return None
+
+
+def make_kernel(op: torch._ops.OpOverload) -> Kernel:
+    schema = op._schema
+    n_args = len(schema.arguments)
+    n_pos = sum(1 for a in schema.arguments if not a.kwarg_only)
+    kw_names = tuple(a.name for a in schema.arguments if a.kwarg_only)
+
+    if not kw_names:
+
+        def kernel(*args):
+            if len(args) == n_args:
+                return op(*args)
+            return _store(op(*args[:n_args]), args[n_args:])
+
+    else:
+
+        def kernel(*args):
+            result = op(*args[:n_pos], **dict(zip(kw_names, args[n_pos:n_args])))
+            if len(args) == n_args:
+                return result
+            return _store(result, args[n_args:])
+
+    kernel.__name__ = f"aten_{schema.name.split('::')[-1]}_{schema.overload_name or 'default'}"
+    kernel.__qualname__ = kernel.__name__
+    return kernel
+
+
+def resolve(name: str) -> Kernel | None:
+    op = torch_op(name)
+    if op is None:
+        return None
+    # Out variants return their out argument; the runtime ignores it (the return slot
+    # is the same value as the out argument), so nothing is converted back.
+    return make_kernel(op)
+
+
+register_resolver(resolve)

@@ -1,0 +1,169 @@
+"""The kernel registry: operator name -> Python kernel.
+
+Names are ``"namespace::op.overload"`` exactly as the program's operator table spells
+them (``"aten::add.out"``, ``"cortex_m::quantized_add.out"``; no overload -> no dot).
+
+Calling convention (what every kernel implements):
+
+- A kernel is called with the instruction's argument values in schema order, out
+  arguments included, as Python values: tensors are ``torch.Tensor`` views over the
+  method's planned memory (strides from the dim order), scalars are int/float/bool
+  (a ``ScalarType`` argument is its ExecuTorch code, an int), lists are Python lists,
+  absent optionals are ``None``, strings are ``str``.
+- A kernel writes its results into the out tensor(s) and returns ``None``; it may
+  ``resize_`` an out tensor within its planned capacity for dynamic shapes.
+- The program also lists each op's return slots after its arguments. A return slot
+  that is one of the arguments (the usual ``Tensor(a!) out``) is not passed again. A
+  return slot holding a tensor that is not an argument is passed after the arguments
+  (``executorch_prim::et_view`` writes its view there). A scalar return slot (the
+  ``executorch_prim`` arithmetic, ``aten::sym_size.int``) receives the kernel's
+  return value.
+
+Modules ``etmetal.runtime.kernels.<family>`` register kernels on import with
+``@register_kernel(name)``. The registry imports the built-in families, then the
+``executorch.runtime.kernels`` entry-point group (entry name = operator name, value =
+kernel callable or a module that registers on import); later registrations override
+earlier ones. Operators no module names fall back to the generic ATen resolver
+(``aten.py``), which calls ``torch.ops`` out variants.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import warnings
+from collections.abc import Callable
+from importlib import metadata
+
+import torch
+
+Kernel = Callable[..., object]
+Resolver = Callable[[str], "Kernel | None"]
+
+ENTRY_POINT_GROUP = "executorch.runtime.kernels"
+BUILTIN_FAMILIES = ("aten", "prim", "dim_order", "quantized", "view_copy", "cortex_m")
+# families that may be absent from a build (another engineer's module)
+OPTIONAL_FAMILIES = frozenset({"cortex_m"})
+
+_kernels: dict[str, Kernel] = {}
+_num_returns: dict[str, int] = {}
+_resolvers: list[Resolver] = []
+_resolved: dict[str, Kernel | None] = {}
+_loaded = False
+_lock = threading.RLock()
+
+
+def register_kernel(name: str, *, num_returns: int | None = None) -> Callable[[Kernel], Kernel]:
+    """Decorator: register ``fn`` as the kernel for operator ``name`` (overrides earlier ones).
+
+    ``num_returns`` tells how many trailing slots of the instruction are return slots
+    when torch knows no schema for the operator (otherwise the schema says so).
+    """
+    if "::" not in name:
+        raise ValueError(f"kernel name {name!r} must be 'namespace::op.overload'")
+
+    def decorate(fn: Kernel) -> Kernel:
+        with _lock:
+            _kernels[name] = fn
+            _resolved.pop(name, None)
+            if num_returns is not None:
+                _num_returns[name] = num_returns
+        return fn
+
+    return decorate
+
+
+def register_resolver(resolver: Resolver) -> Resolver:
+    """Register a fallback that builds kernels on demand for names nobody registered."""
+    with _lock:
+        _resolvers.append(resolver)
+        _resolved.clear()
+    return resolver
+
+
+def _import_builtins() -> None:
+    for family in BUILTIN_FAMILIES:
+        module = f"{__package__}.{family}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if family in OPTIONAL_FAMILIES and exc.name == module:
+                continue
+            raise
+
+
+def _load_entry_points() -> None:
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin must not take the runtime down
+            warnings.warn(
+                f"kernel entry point {ep.name!r} ({ep.value}) failed to load: {exc}", stacklevel=2
+            )
+            continue
+        if callable(obj):
+            register_kernel(ep.name)(obj)
+
+
+def ensure_loaded() -> None:
+    global _loaded
+    if _loaded:
+        return
+    with _lock:
+        if _loaded:
+            return
+        _import_builtins()
+        _load_entry_points()
+        _loaded = True
+
+
+def lookup(name: str) -> Kernel | None:
+    """The kernel for operator ``name``, or ``None`` when nothing implements it."""
+    ensure_loaded()
+    kernel = _kernels.get(name)
+    if kernel is not None:
+        return kernel
+    with _lock:
+        if name in _resolved:
+            return _resolved[name]
+        found = None
+        for resolver in _resolvers:
+            found = resolver(name)
+            if found is not None:
+                break
+        _resolved[name] = found
+        return found
+
+
+def registered_names() -> list[str]:
+    ensure_loaded()
+    return sorted(_kernels)
+
+
+def torch_op(name: str) -> torch._ops.OpOverload | None:
+    """The ``torch.ops`` overload spelled ``name``, if torch knows it."""
+    ns, sep, rest = name.partition("::")
+    op_name, _, overload = rest.partition(".")
+    parts = (ns, op_name, overload or "default")
+    if not sep or not all(p.isidentifier() and not p.startswith("__") for p in parts):
+        return None
+    try:
+        op = getattr(getattr(getattr(torch.ops, ns), op_name), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+    return op if isinstance(op, torch._ops.OpOverload) else None
+
+
+def num_returns(name: str) -> int | None:
+    """How many trailing instruction slots are return slots, when known."""
+    if name in _num_returns:
+        return _num_returns[name]
+    op = torch_op(name)
+    if op is None:
+        return None
+    return len(op._schema.returns)
+
+
+def num_arguments(name: str) -> int | None:
+    op = torch_op(name)
+    return None if op is None or name in _num_returns else len(op._schema.arguments)

@@ -1,0 +1,183 @@
+"""ExecuTorch's backend conformance suite, with an ``etmetal`` flow added.
+
+The ``etmetal`` flow lowers exactly like the stock ``portable`` flow (no delegation) and
+only swaps the run stage: the serialized ``.pte`` runs in ``etmetal.runtime`` instead of
+the stock C++ runtime, so the two flows differ in nothing but the runtime.
+
+Used two ways:
+
+- as a pytest plugin (``-p etmetal.scripts.backend_suite``): registers the flow and fixes
+  the suite's input seed so both flows see the same inputs;
+- as a script: ``python -m etmetal.scripts.backend_suite [--flows portable etmetal]
+  [-k EXPR] [--json out.json]`` runs the operator suite once per flow in subprocesses
+  and prints pass/fail/skip counts and every case that passes on one flow only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+SEED_ENV = "ETMETAL_SUITE_SEED"
+DEFAULT_SEED = 20260101
+
+
+def _make_flow():
+    from executorch.backends.test.harness import Tester
+    from executorch.backends.test.harness.stages import Serialize, StageType
+    from executorch.backends.test.suite.flow import TestFlow
+    from torch.utils._pytree import tree_flatten
+
+    class EtmetalSerialize(Serialize):
+        """The stock Serialize stage, run by etmetal's runtime."""
+
+        def run_artifact(self, inputs):
+            from etmetal.runtime import Runtime
+
+            flat, _ = tree_flatten(inputs)
+            program = Runtime.get().load_program(self.buffer)
+            method = program.load_method("forward")
+            return copy.deepcopy(method.execute(list(flat)))
+
+    class EtmetalTester(Tester):
+        def __init__(self, module, example_inputs, dynamic_shapes=None):
+            stages = Tester.default_stage_classes()
+            stages[StageType.SERIALIZE] = EtmetalSerialize
+            super().__init__(module, example_inputs, stages, dynamic_shapes=dynamic_shapes)
+
+    return TestFlow("etmetal", backend="etmetal", tester_factory=EtmetalTester, is_delegated=False)
+
+
+ETMETAL_TEST_FLOW = None
+
+
+def _install() -> None:
+    """Add the flow to the suite's registry and pin the input seed (plugin import time)."""
+    global ETMETAL_TEST_FLOW
+    import executorch.backends.test.suite.flow as flow_module
+    from executorch.backends.test.suite import reporting
+
+    if getattr(flow_module.all_flows, "_etmetal", False):
+        return
+    ETMETAL_TEST_FLOW = _make_flow()
+    stock_all_flows = flow_module.all_flows
+
+    def all_flows():
+        flows = stock_all_flows()
+        flows[ETMETAL_TEST_FLOW.name] = ETMETAL_TEST_FLOW
+        return flows
+
+    all_flows._etmetal = True
+    flow_module.all_flows = all_flows
+    if reporting.get_active_test_session() is None:
+        reporting.begin_test_session(None, seed=int(os.environ.get(SEED_ENV, DEFAULT_SEED)))
+
+
+_install()
+
+
+# ----------------------------------------------------------------------------- script
+
+
+def suite_dir() -> Path:
+    import executorch.backends.test.suite as suite
+
+    return Path(suite.__file__).parent
+
+
+def run_flow(flow: str, keyword: str | None, workers: int, out_dir: Path) -> dict[str, str]:
+    """Run the operator suite for one flow; return test id (flow stripped) -> outcome."""
+    xml_path = out_dir / f"{flow}.xml"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(suite_dir() / "operators"),
+        f"--rootdir={suite_dir()}",
+        "-p",
+        "etmetal.scripts.backend_suite",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        f"flow_{flow}",
+        "-q",
+        f"--junitxml={xml_path}",
+        "-o",
+        "junit_family=xunit2",
+    ]
+    if keyword:
+        cmd += ["-k", keyword]
+    if workers > 1:
+        cmd += ["-n", str(workers)]
+    subprocess.run(cmd, cwd=out_dir, check=False)
+    return parse_junit(xml_path, flow)
+
+
+def parse_junit(xml_path: Path, flow: str) -> dict[str, str]:
+    outcomes: dict[str, str] = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        # the flow is the first parameter id: test_x[portable-float32] -> test_x[float32]
+        name = name.replace(f"[{flow}-", "[").replace(f"[{flow}]", "")
+        test_id = f"{case.get('classname')}::{name}"
+        if case.find("skipped") is not None:
+            outcomes[test_id] = "skip"
+        elif case.find("failure") is not None or case.find("error") is not None:
+            outcomes[test_id] = "fail"
+        else:
+            outcomes[test_id] = "pass"
+    return outcomes
+
+
+def compare(results: dict[str, dict[str, str]]) -> dict:
+    summary: dict = {"counts": {}, "regressions": {}}
+    for flow, outcomes in results.items():
+        counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("pass", "fail", "skip")}
+        counts["total"] = len(outcomes)
+        summary["counts"][flow] = counts
+    flows = list(results)
+    for a in flows:
+        for b in flows:
+            if a == b:
+                continue
+            worse = sorted(
+                t for t, v in results[a].items() if v == "pass" and results[b].get(t) != "pass"
+            )
+            summary["regressions"][f"pass on {a}, not on {b}"] = worse
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flows", nargs="+", default=["portable", "etmetal"])
+    parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    parser.add_argument("-n", dest="workers", type=int, default=1, help="xdist workers")
+    parser.add_argument("--json", default=None, help="write the summary here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="etmetal-suite-") as tmp:
+        results = {f: run_flow(f, args.keyword, args.workers, Path(tmp)) for f in args.flows}
+    summary = compare(results)
+    for flow, counts in summary["counts"].items():
+        print(
+            f"{flow:>10}: {counts['pass']} passed, {counts['fail']} failed, "
+            f"{counts['skip']} skipped of {counts['total']}"
+        )
+    for label, cases in summary["regressions"].items():
+        print(f"{label}: {len(cases)}")
+        for case in cases:
+            print(f"    {case}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, **summary}, indent=1))
+    etmetal_worse = summary["regressions"].get("pass on portable, not on etmetal", [])
+    return 1 if etmetal_worse else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
