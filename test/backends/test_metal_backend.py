@@ -194,7 +194,7 @@ def test_several_methods_each_get_delegates():
     assert len(partitioner.reports) == 2
 
 
-def test_dynamic_batch_is_carried_into_the_compiled_wrapper():
+def test_dynamic_batch_is_carried_into_the_compiled_wrapper(tmp_path):
     class Head(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -203,11 +203,10 @@ def test_dynamic_batch_is_carried_into_the_compiled_wrapper():
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(self.linear(x)) * 2.0
 
+    head = Head()
     batch = torch.export.Dim("batch", min=2, max=64)
-    program, _ = lower(
-        Head(), (torch.randn(5, 8),), target="host", dynamic_shapes={"x": {0: batch}}
-    )
-    [(_, _, so, _)] = delegate_payloads(program.buffer)
+    program, _ = lower(head, (torch.randn(5, 8),), target="host", dynamic_shapes={"x": {0: batch}})
+    [(_, _, so, weights)] = delegate_payloads(program.buffer)
     wrappers = [
         p
         for p in aoti_compile.default_cache_dir().joinpath("aoti").glob("*/wrapper.cpp")
@@ -218,6 +217,17 @@ def test_dynamic_batch_is_carried_into_the_compiled_wrapper():
     # the batch is read from the input at run time and checked against the Dim's range
     assert re.search(r"int64_t s\d+ = arg\d+_1_size\[0\];", src)
     assert re.search(r"arg\d+_1_size\[0\] < 2\)", src) and re.search(r"_size\[0\] > 64\)", src)
+    # and the one .so serves every batch in the range
+    from etmetal.shims.model import AotiModel
+
+    so_path = tmp_path / "dynamic.so"
+    so_path.write_bytes(so)
+    with AotiModel(so_path, weights) as model:
+        for n in (2, 9, 64):
+            x = torch.randn(n, 8)
+            [got] = model.run([x])
+            with torch.no_grad():
+                torch.testing.assert_close(got, head(x), atol=1e-5, rtol=1e-5)
 
 
 def test_to_backend_with_partitioner_instance():
