@@ -205,3 +205,19 @@ def test_dynamic_batch_passes_through(lowered):
         method.execute([torch.randn(65, 8)])
     method.destroy()
     assert memory_stats().storages == 0
+
+
+def test_metal_delegate_is_a_builtin_of_the_runtime_registry(monkeypatch):
+    from etmetal.runtime import delegates, lookup_delegate, register_delegate
+
+    assert lookup_delegate("MetalBackend") is metal_delegate.MetalDelegate
+    assert "MetalBackend" in delegates.registered_delegates()
+    # found even after a registry reset; a registered (e.g. entry-point) class wins
+    monkeypatch.setattr(delegates, "_delegates", {})
+    assert lookup_delegate("MetalBackend") is metal_delegate.MetalDelegate
+
+    class Override(metal_delegate.MetalDelegate):
+        pass
+
+    register_delegate("MetalBackend", Override)
+    assert lookup_delegate("MetalBackend") is Override
