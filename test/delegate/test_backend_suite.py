@@ -15,7 +15,7 @@ SLICE = (
             "test_add_f32_bcast_first",
             "test_abs_shapes",
             "test_avgpool2d_batch_sizes",
-            "test_linear_no_bias",
+            "test_linear_unbatched",
             "test_conv2d_basic",
             "test_cat_negative_dim",
             "test_permute_4d",
