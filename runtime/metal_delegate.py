@@ -141,6 +141,7 @@ class MetalDelegate(BackendExecutor):
         self.num_inputs: int = model.num_inputs
         self.num_outputs: int = model.num_outputs
         self.so_digest = ""
+        self._out_capacity: list[int | None] | None = None  # set by check_call
 
     @classmethod
     def init(
@@ -201,6 +202,10 @@ class MetalDelegate(BackendExecutor):
                     f"{self._where}: call value {i} ({kind}) is a {type(value).__name__}; "
                     "the .so takes tensors only"
                 )
+        # at load, planned tensors have their upper-bound sizes: what an output may grow to
+        self._out_capacity = [
+            t.numel() if isinstance(t, torch.Tensor) else None for t in args[self.num_inputs :]
+        ]
 
     def execute(self, args: list) -> None:
         n_in = self.num_inputs
@@ -219,8 +224,11 @@ class MetalDelegate(BackendExecutor):
                     f"{self._where}: output {i} is {src.dtype}, the program planned {dst.dtype}"
                 )
             if dst.shape != src.shape:  # dynamic shapes: stay within the planned memory
-                capacity = dst.untyped_storage().nbytes() // dst.element_size()
-                resize_in_dim_order(dst, src.shape, capacity - dst.storage_offset())
+                capacity = self._out_capacity[i] if self._out_capacity else None
+                if capacity is None:
+                    storage = dst.untyped_storage().nbytes() // dst.element_size()
+                    capacity = storage - dst.storage_offset()
+                resize_in_dim_order(dst, src.shape, capacity)
             dst.copy_(src)
 
     def destroy(self) -> None:

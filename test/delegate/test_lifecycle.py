@@ -15,6 +15,7 @@ from torch import nn
 
 from etmetal.runtime import (
     DelegateError,
+    ExecutionError,
     InputError,
     IntegrityError,
     InvalidProgramError,
@@ -221,3 +222,18 @@ def test_metal_delegate_is_a_builtin_of_the_runtime_registry(monkeypatch):
 
     register_delegate("MetalBackend", Override)
     assert lookup_delegate("MetalBackend") is Override
+
+
+def test_so_compiled_for_other_shapes_fails_at_execute_with_a_clear_error(linear, lowered):
+    other = lowered(
+        "registry:linear_bias_batch1", lambda: get_model_and_inputs("linear_bias_batch1")
+    )
+    _, so, _, weights = metal_blobs(other.pte)  # same arity, compiled for a [1, 7] input
+    swapped = replace_blobs(linear.pte, so=so, weights=weights)
+    method = load(swapped, trust_native_code=True).load_method("forward")
+    for _ in range(2):  # the failure leaks nothing and repeats the same way
+        with pytest.raises(ExecutionError, match=r"delegate 0.*expected: 1, but got: 127"):
+            method.execute(list(linear.inputs))
+        assert memory_stats().tensors == 2  # only the two constants stay registered
+    method.destroy()
+    assert memory_stats().storages == 0
