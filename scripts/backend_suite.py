@@ -4,6 +4,12 @@ The ``etmetal`` flow lowers exactly like the stock ``portable`` flow (no delegat
 only swaps the run stage: the serialized ``.pte`` runs in ``etmetal.runtime`` instead of
 the stock C++ runtime, so the two flows differ in nothing but the runtime.
 
+The ``metal_host`` flow is delegated: ``MetalPartitioner(target="host")`` lowers each case
+to AOTI ``.so`` delegates (with ``etmetal.backend_config()``), and etmetal's runtime runs
+the ``.pte`` through the Metal delegate (native code trusted: the suite compiled it here).
+The script reports how many of its passes really ran a delegated program and the most
+frequent failure causes (``--flows metal_host``).
+
 Used two ways:
 
 - as a pytest plugin (``-p etmetal.scripts.backend_suite``): registers the flow and fixes
