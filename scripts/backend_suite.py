@@ -171,21 +171,33 @@ def suite_dir() -> Path:
     return Path(suite.__file__).parent
 
 
-def run_flow(flow: str, keyword: str | None, workers: int, out_dir: Path) -> dict[str, str]:
-    """Run the operator suite for one flow; return test id (flow stripped) -> outcome."""
-    xml_path = out_dir / f"{flow}.xml"
+def run_flows(
+    flows: list[str],
+    out_dir: Path,
+    *,
+    files: list[str] | None = None,
+    keyword: str | None = None,
+    workers: int = 1,
+) -> dict[str, dict[str, str]]:
+    """Run the operator suite (or ``files`` of it) for ``flows`` in one pytest session.
+
+    Returns flow -> {test id without the flow: pass | fail | skip}.
+    """
+    xml_path = out_dir / "suite.xml"
+    operators = suite_dir() / "operators"
+    paths = [str(operators / f) for f in files] if files else [str(operators)]
     cmd = [
         sys.executable,
         "-m",
         "pytest",
-        str(suite_dir() / "operators"),
+        *paths,
         f"--rootdir={suite_dir()}",
         "-p",
         "etmetal.scripts.backend_suite",
         "-p",
         "no:cacheprovider",
         "-m",
-        f"flow_{flow}",
+        " or ".join(f"flow_{f}" for f in flows),
         "-q",
         f"--junitxml={xml_path}",
         "-o",
@@ -196,18 +208,21 @@ def run_flow(flow: str, keyword: str | None, workers: int, out_dir: Path) -> dic
     if workers > 1:
         cmd += ["-n", str(workers)]
     env = dict(os.environ)
-    env[DELEGATED_LOG_ENV] = str(out_dir / f"{flow}.delegated")
-    subprocess.run(cmd, cwd=out_dir, check=False, env=env)
-    return parse_junit(xml_path, flow)
+    env[DELEGATED_LOG_ENV] = str(out_dir / "delegated.log")
+    subprocess.run(cmd, cwd=out_dir, check=False, stdout=subprocess.DEVNULL, env=env)
+    return {flow: parse_junit(xml_path, flow) for flow in flows}
 
 
 def delegated_tests(out_dir: Path, flow: str) -> set[str]:
-    """Test ids (flow stripped) whose program was delegated and run (metal_host only)."""
-    log = out_dir / f"{flow}.delegated"
+    """Test ids (flow stripped) of ``flow`` whose program was delegated and run (the
+    ``metal_host`` flow records them; the suite serializes only delegated programs)."""
+    log = out_dir / "delegated.log"
     if not log.exists():
         return set()
     ids = set()
     for line in log.read_text().splitlines():
+        if f"[{flow}-" not in line and f"[{flow}]" not in line:
+            continue
         path, *scopes = line.split("::")  # file::[Class::]test[params]
         name = scopes[-1].replace(f"[{flow}-", "[").replace(f"[{flow}]", "")
         classname = ".".join([f"{Path(path).parent.name}.{Path(path).stem}", *scopes[:-1]])
@@ -218,10 +233,13 @@ def delegated_tests(out_dir: Path, flow: str) -> set[str]:
 _ERROR_LINE = re.compile(r"^E\s+((?:[\w.]+)(?:Error|Exception|Failure)\b.*)$", re.MULTILINE)
 
 
-def failure_causes(xml_path: Path, top: int = 10) -> list[tuple[int, str]]:
-    """The most frequent root errors of failed cases: (count, message), commonest first."""
+def failure_causes(xml_path: Path, flow: str, top: int = 10) -> list[tuple[int, str]]:
+    """The most frequent root errors of ``flow``'s failed cases: (count, message)."""
     counts: dict[str, int] = {}
     for case in ET.parse(xml_path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if f"[{flow}-" not in name and f"[{flow}]" not in name:
+            continue
         node = case.find("failure")
         if node is None:
             node = case.find("error")
@@ -235,9 +253,12 @@ def failure_causes(xml_path: Path, top: int = 10) -> list[tuple[int, str]]:
 
 
 def parse_junit(xml_path: Path, flow: str) -> dict[str, str]:
+    """Outcomes of ``flow``'s cases; ids drop the flow parameter so flows line up."""
     outcomes: dict[str, str] = {}
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         name = case.get("name", "")
+        if f"[{flow}-" not in name and f"[{flow}]" not in name:
+            continue
         # the flow is the first parameter id: test_x[portable-float32] -> test_x[float32]
         name = name.replace(f"[{flow}-", "[").replace(f"[{flow}]", "")
         test_id = f"{case.get('classname')}::{name}"
@@ -272,15 +293,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flows", nargs="+", default=["portable", "etmetal"])
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    parser.add_argument("--files", nargs="*", default=None, help="operator test files only")
     parser.add_argument("-n", dest="workers", type=int, default=1, help="xdist workers")
     parser.add_argument("--json", default=None, help="write the summary here")
     args = parser.parse_args(argv)
     extra: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="etmetal-suite-") as tmp:
-        results = {f: run_flow(f, args.keyword, args.workers, Path(tmp)) for f in args.flows}
+        results = run_flows(
+            args.flows, Path(tmp), files=args.files, keyword=args.keyword, workers=args.workers
+        )
+        xml_path = Path(tmp) / "suite.xml"
         for f in args.flows:
-            if (Path(tmp) / f"{f}.xml").exists():
-                extra[f] = {"failure_causes": failure_causes(Path(tmp) / f"{f}.xml")}
+            extra[f] = {"failure_causes": failure_causes(xml_path, f) if xml_path.exists() else []}
             delegated = delegated_tests(Path(tmp), f)
             if delegated:
                 extra[f]["delegated_pass"] = sorted(

@@ -26,10 +26,10 @@ SLICE = (
 
 
 def test_metal_host_flow_slice_passes_delegated(tmp_path):
-    results = backend_suite.run_flow("metal_host", SLICE, 1, tmp_path)
+    results = backend_suite.run_flows(["metal_host"], tmp_path, keyword=SLICE)["metal_host"]
     delegated = backend_suite.delegated_tests(tmp_path, "metal_host")
     failed = {t: v for t, v in results.items() if v == "fail"}
-    causes = backend_suite.failure_causes(tmp_path / "metal_host.xml")
+    causes = backend_suite.failure_causes(tmp_path / "suite.xml", "metal_host")
     print(f"metal_host slice: {len(results)} cases, {len(delegated)} ran delegated; {causes}")
     assert len(results) >= 7
     assert failed == {}, causes
