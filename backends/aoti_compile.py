@@ -15,7 +15,13 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,51 @@ _CACHE_FORMAT = 1
 
 HOST_TARGET = "host"
 MPS_TARGET = "mps"
+
+# seconds between progress reports while Inductor compiles
+HEARTBEAT_SECONDS = float(os.environ.get("ETMETAL_PROGRESS_SECONDS", "5"))
+
+# this process's compiles and cache hits; tests assert on these instead of on time
+_STATS: Counter[str] = Counter()
+
+
+def compile_stats() -> dict[str, int]:
+    """``{"compiles": n, "cache_hits": m}`` for this process."""
+    return {"compiles": _STATS["compiles"], "cache_hits": _STATS["cache_hits"]}
+
+
+@contextmanager
+def _progress(label: str) -> Iterator[None]:
+    """Report that a compile is still running: a tqdm counter of seconds on a terminal,
+    else a log line every ``HEARTBEAT_SECONDS`` (silent for fast compiles)."""
+    done = threading.Event()
+    start = time.monotonic()
+    bar = None
+    if sys.stderr.isatty() and os.environ.get("ETMETAL_PROGRESS", "1") != "0":
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(desc=label, unit="s", bar_format="{desc}: {elapsed}", leave=False)
+        except ImportError:
+            bar = None
+
+    def beat() -> None:
+        while not done.wait(1.0 if bar is not None else HEARTBEAT_SECONDS):
+            if bar is not None:
+                bar.update(1)
+            else:
+                log.info("%s: still compiling, %.0f s elapsed", label, time.monotonic() - start)
+
+    thread = threading.Thread(target=beat, name="etmetal-aoti-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if bar is not None:
+            bar.close()
+        log.info("%s: done in %.1f s", label, time.monotonic() - start)
 
 
 def default_cache_dir() -> Path:
@@ -78,10 +129,11 @@ def _hash_tensor(h: Any, name: str, value: Any) -> None:
         t = value.detach().cpu().contiguous()
         h.update(f"{t.dtype}{tuple(t.shape)}{tuple(value.stride())}".encode())
         if t.numel():
+            flat = t.reshape(-1)  # 1-d first: a 0-d tensor cannot be viewed as bytes
             h.update(
-                t.view(torch.uint8).reshape(-1).numpy().tobytes()
-                if t.dtype != torch.bool
-                else t.numpy().tobytes()
+                flat.view(torch.uint8).numpy().tobytes()
+                if flat.dtype != torch.bool
+                else flat.numpy().tobytes()
             )
     else:
         h.update(repr(value).encode())
@@ -147,6 +199,7 @@ def compile_exported_program(
             artifact = _load_entry(key, entry)
             if artifact is not None:
                 log.info("AOTI cache hit %s", key[:12])
+                _STATS["cache_hits"] += 1
                 return artifact
             return _compile_into(ep, target, options, key, entry)
     with tempfile.TemporaryDirectory(prefix="etmetal-aoti-") as tmp:
@@ -179,7 +232,8 @@ def _compile_into(
     if device != "cpu":
         ep = torch.export.passes.move_to_device_pass(ep, device)
     log.info("AOTI compiling %s for %s (takes tens of seconds)", key[:12], target)
-    with torch.no_grad():
+    _STATS["compiles"] += 1
+    with _progress(f"AOTI compile {key[:12]} ({target})"), torch.no_grad():
         paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
     paths = paths if isinstance(paths, list) else [paths]
     so = next((p for p in paths if p.endswith(".wrapper.so")), None)

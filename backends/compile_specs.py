@@ -1,0 +1,81 @@
+"""The compile specs a Metal delegate carries, checked once where they enter.
+
+``CompileSpec(key, value: bytes)`` is exir's only way to hand options from the
+partitioner to ``preprocess`` (and they are stored in the ``.pte``). Keys:
+``target`` (``host``/``mps``, written by the partitioner), ``method_name``
+(upstream's key, used in messages) and ``codesign_identity`` (macOS only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+from .targets import CODESIGN_SPEC_KEY, METHOD_NAME_SPEC_KEY, TARGET_SPEC_KEY, check_target
+
+KNOWN_KEYS = (TARGET_SPEC_KEY, METHOD_NAME_SPEC_KEY, CODESIGN_SPEC_KEY)
+
+
+@dataclass(frozen=True)
+class MetalCompileOptions:
+    target: str | None = None
+    method_name: str | None = None
+    codesign_identity: str | None = None
+
+
+def check_compile_specs(compile_specs: object) -> list[CompileSpec]:
+    """A list of ``CompileSpec`` or a TypeError that names the offending element."""
+    if compile_specs is None:
+        return []
+    if isinstance(compile_specs, (CompileSpec, dict, str, bytes)) or not isinstance(
+        compile_specs, Iterable
+    ):
+        raise TypeError(
+            "compile_specs must be a list of executorch.exir.backend.compile_spec_schema."
+            f"CompileSpec, got {type(compile_specs).__name__}; e.g. "
+            "[CompileSpec('codesign_identity', b'-')]"
+        )
+    specs = list(compile_specs)
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, CompileSpec):
+            raise TypeError(
+                f"compile_specs[{i}] is a {type(spec).__name__} ({spec!r}), not a CompileSpec; "
+                "wrap it as CompileSpec(key: str, value: bytes)"
+            )
+        if not isinstance(spec.key, str) or not isinstance(spec.value, (bytes, bytearray)):
+            raise TypeError(
+                f"compile_specs[{i}] has key {spec.key!r} ({type(spec.key).__name__}) and value "
+                f"of type {type(spec.value).__name__}; a CompileSpec needs a str key and a "
+                "bytes value, e.g. CompileSpec('codesign_identity', '-'.encode())"
+            )
+        if spec.key not in KNOWN_KEYS:
+            raise ValueError(
+                f"compile_specs[{i}] has unknown key {spec.key!r}; the Metal backend "
+                f"understands {', '.join(KNOWN_KEYS)}"
+            )
+    return specs
+
+
+def parse_compile_specs(compile_specs: object) -> MetalCompileOptions:
+    values: dict[str, str] = {}
+    for spec in check_compile_specs(compile_specs):
+        try:
+            values[spec.key] = bytes(spec.value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"compile spec {spec.key!r} is not UTF-8 text: {exc}") from None
+    target = values.get(TARGET_SPEC_KEY)
+    if target is not None:
+        check_target(target)
+    return MetalCompileOptions(
+        target=target,
+        method_name=values.get(METHOD_NAME_SPEC_KEY),
+        codesign_identity=values.get(CODESIGN_SPEC_KEY),
+    )
+
+
+def with_target(compile_specs: list[CompileSpec], target: str) -> list[CompileSpec]:
+    """``compile_specs`` with the ``target`` key set to ``target`` (replacing any other)."""
+    kept = [s for s in compile_specs if s.key != TARGET_SPEC_KEY]
+    return [*kept, CompileSpec(TARGET_SPEC_KEY, target.encode("utf-8"))]

@@ -1,0 +1,17 @@
+"""Edge-dialect operator targets seen as the ATen overloads they wrap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def aten_overload(target: Any) -> Any:
+    """The ``OpOverload`` behind an fx target (an ``EdgeOpOverload`` wraps one in ``_op``);
+    other targets come back unchanged. An ATen ``OpOverload`` has an ``_op`` too (the C++
+    builtin), so it must be recognised first."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    inner = getattr(target, "_op", None)
+    return inner if isinstance(inner, torch._ops.OpOverload) else target

@@ -1,0 +1,71 @@
+"""Compile targets of the Metal delegate: which device AOTInductor generates code for.
+
+``mps`` generates Metal kernels and needs macOS with an MPS device at lowering time
+(Inductor compiles against the device). ``host`` generates C++ for the CPU and works
+on any machine with a C++ compiler; its ``.so`` calls the same AOTI shim ABI, which
+etmetal's runtime provides. ``auto`` picks ``mps`` where it is usable, else ``host``.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+
+import torch
+
+log = logging.getLogger(__name__)
+
+HOST = "host"
+MPS = "mps"
+AUTO = "auto"
+TARGETS = (HOST, MPS)
+CHOICES = (AUTO, HOST, MPS)
+
+# compile spec keys the partitioner writes and preprocess reads
+TARGET_SPEC_KEY = "target"
+METHOD_NAME_SPEC_KEY = "method_name"
+CODESIGN_SPEC_KEY = "codesign_identity"
+
+
+def mps_available() -> bool:
+    return platform.system() == "Darwin" and torch.backends.mps.is_available()
+
+
+def device_of(target: str) -> str:
+    """The torch device type AOTInductor compiles ``target`` for (also the shim prefix)."""
+    check_target(target)
+    return "mps" if target == MPS else "cpu"
+
+
+def check_target(target: object) -> str:
+    """Validate a resolved target name (``host`` or ``mps``)."""
+    if target not in TARGETS:
+        raise ValueError(
+            f"unknown Metal target {target!r}; expected one of {', '.join(map(repr, CHOICES))}"
+        )
+    return str(target)
+
+
+def resolve_target(target: object = AUTO) -> str:
+    """Turn a user's ``target`` into ``host`` or ``mps``, failing at once when unusable."""
+    if not isinstance(target, str) or target not in CHOICES:
+        raise ValueError(
+            f"unknown Metal target {target!r}; expected one of {', '.join(map(repr, CHOICES))} "
+            "(auto picks mps where MPS is available, else host)"
+        )
+    if target == AUTO:
+        chosen = MPS if mps_available() else HOST
+        log.info(
+            "MetalPartitioner: target auto -> %s (%s)",
+            chosen,
+            "MPS is available" if chosen == MPS else "no MPS device on this machine",
+        )
+        return chosen
+    if target == MPS and not mps_available():
+        raise RuntimeError(
+            "MetalPartitioner(target='mps') needs macOS with an MPS device: AOTInductor "
+            f"compiles Metal kernels against the device, and this machine is {platform.system()} "
+            f"(torch.backends.mps.is_available() is {torch.backends.mps.is_available()}). "
+            "Use target='host' to compile the delegate for this machine's CPU, or lower on a Mac."
+        )
+    return target

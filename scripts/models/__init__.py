@@ -1,0 +1,1 @@
+"""Model definitions shared by the tests, the CLI (demo, regress) and the benchmarks."""

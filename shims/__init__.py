@@ -1,0 +1,79 @@
+"""The AOTI C-shim ABI (``aoti_torch_*``) in Python, and the bridge a compiled ``.so`` calls.
+
+Object model (see ``storage``/``state``): a ``Storage`` is one allocation through an
+``Allocator`` (``host``: aligned host memory) or a borrowed blob (never freed), with
+a count of the tensors on it; a ``Tensor`` is storage + dtype + sizes + any strides
++ storage offset; an ``AtenTensorHandle`` is an opaque integer keying the handle
+table. ``_reinterpret_tensor`` keeps views, packed or not, in the parent's storage,
+so kernels that write through views with holes (``chunk``/``split`` + ``cat``) work;
+``materialize="seed"`` reproduces upstream Metal's always-copy behaviour.
+
+Running a model (what the Metal delegate does)::
+
+    from etmetal.shims import AotiModel, memory_stats
+
+    model = AotiModel(so_path, weights_blob)  # blob: bytes | memoryview, kept until close
+    outs = model.run([x])                     # inputs borrowed, no copy; outputs new tensors
+    model.run([x], outputs=[y])               # results copied into caller tensors (resized
+                                              # if the shape changed)
+    model.close()                             # container, constants and memory released
+    assert memory_stats().storages == 0       # .bytes: live owned bytes; .cached_bytes: freed
+                                              # host buffers kept for reuse (emptied when the
+                                              # last model closes)
+
+``AotiModel`` builds and loads the trampoline on first use (``load_bridge()``),
+checks that every ``aoti_torch_*`` symbol the ``.so`` needs is exported, and
+raises ``BridgeError`` if a run's shim calls did not reach etmetal. With
+``check_inputs=True`` (default) the ``.so`` validates each input's dtype, sizes,
+strides and device itself. Failures (a shim error, a kernel's bounds check) surface
+as ``AotiModelError`` with the model's message and ``last_error()``; a failed run
+leaks no handles and the model stays usable. Runs are serialized by a process-wide
+lock; the ``.so``'s OpenMP kernels use torch's intra-op thread count.
+
+Calling a shim exactly as a ``.so`` does (C calling convention, ctypes out-pointers)::
+
+    lib = c_api()
+    h = ctypes.c_void_p()
+    rc = lib.aoti_torch_empty_strided(1, sizes, strides, 6, 0, 0, ctypes.byref(h))
+    # rc == 0 (AOTI_TORCH_SUCCESS) or 1 (AOTI_TORCH_FAILURE, message in last_error())
+"""
+
+from __future__ import annotations
+
+from .bridge import Bridge, BridgeError, c_api, load_bridge
+from .core import register_allocator
+from .model import AotiModel, AotiModelError
+from .state import (
+    MemoryStats,
+    clear_last_error,
+    last_error,
+    memory_stats,
+    set_materialize,
+)
+from .storage import HOST_ALLOCATOR, Allocator, HostAllocator, ShimError, Storage, Tensor
+
+AOTI_TORCH_SUCCESS = 0
+AOTI_TORCH_FAILURE = 1
+
+__all__ = [
+    "AOTI_TORCH_FAILURE",
+    "AOTI_TORCH_SUCCESS",
+    "Allocator",
+    "AotiModel",
+    "AotiModelError",
+    "Bridge",
+    "BridgeError",
+    "HOST_ALLOCATOR",
+    "HostAllocator",
+    "MemoryStats",
+    "ShimError",
+    "Storage",
+    "Tensor",
+    "c_api",
+    "clear_last_error",
+    "last_error",
+    "load_bridge",
+    "memory_stats",
+    "register_allocator",
+    "set_materialize",
+]

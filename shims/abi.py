@@ -1,0 +1,124 @@
+"""C declarations of the ``aoti_torch_*`` ABI, read from the headers torch installs.
+
+The bridge needs each symbol's exact C signature (some take ``double`` or return
+``bool``/``size_t``, so one generic forwarder cannot serve all of them). Types are
+reduced to what matters for the calling convention: every pointer or handle is
+``void*``; scalars keep their C type.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+HEADERS = (
+    "c/shim.h",
+    "c/shim_deprecated.h",
+    "c/shim_cpu.h",
+    "c/shim_mps.h",
+    "generated/c_shim_cpu.h",
+    "generated/c_shim_mps.h",
+    "generated/c_shim_aten.h",
+)
+
+# C scalar type -> ctypes type (pointers and handles are all void*)
+SCALARS: dict[str, type | None] = {
+    "void": None,
+    "bool": ctypes.c_bool,
+    "int": ctypes.c_int,
+    "int8_t": ctypes.c_int8,
+    "int16_t": ctypes.c_int16,
+    "int32_t": ctypes.c_int32,
+    "int64_t": ctypes.c_int64,
+    "uint8_t": ctypes.c_uint8,
+    "uint16_t": ctypes.c_uint16,
+    "uint32_t": ctypes.c_uint32,
+    "uint64_t": ctypes.c_uint64,
+    "size_t": ctypes.c_size_t,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "AOTITorchError": ctypes.c_int32,
+    "StableIValue": ctypes.c_uint64,
+}
+C_SPELLING = {"AOTITorchError": "int32_t", "StableIValue": "uint64_t"}
+
+_DECL = re.compile(r"AOTI_TORCH_EXPORT\s+([\w:<>\s\*]+?)\s*\b(aoti_\w+)\s*\((.*?)\)\s*;", re.S)
+
+
+@dataclass(frozen=True)
+class Decl:
+    """One C function: ``restype name(argtypes...)`` with pointers as ``void*``."""
+
+    name: str
+    restype: str  # C spelling: "int32_t", "void*", "void", "double", ...
+    argtypes: tuple[str, ...]
+    # declared as returning AOTITorchError (0 = success, 1 = failure)
+    returns_error: bool = False
+
+    def ctypes_restype(self):
+        return ctypes.c_void_p if self.restype == "void*" else SCALARS[self.restype]
+
+    def ctypes_argtypes(self) -> list:
+        return [ctypes.c_void_p if a == "void*" else SCALARS[a] for a in self.argtypes]
+
+
+def include_dir() -> str:
+    return os.path.join(
+        os.path.dirname(torch.__file__), "include", "torch", "csrc", "inductor", "aoti_torch"
+    )
+
+
+def _strip(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def _c_type(spelled: str) -> str | None:
+    """Reduce a C/C++ type to its calling-convention class, or None if unsupported."""
+    t = re.sub(r"\bconst\b", " ", spelled).strip()
+    if "*" in t or t.endswith("Handle"):
+        return "void*"
+    t = " ".join(t.split())
+    if t in SCALARS:
+        return C_SPELLING.get(t, t)
+    return None  # e.g. c10::complex<float> passed by value
+
+
+def _param_type(param: str) -> str | None:
+    param = param.strip()
+    if "(" in param:  # a function-pointer parameter
+        return None
+    # drop the parameter's name (the trailing identifier), if it has one
+    m = re.match(r"^(.*?[\w\*>&])\s*\b([A-Za-z_]\w*)$", param)
+    spelled = m.group(1) if m and m.group(1).strip() not in ("", "const", "unsigned") else param
+    return _c_type(spelled)
+
+
+@functools.lru_cache(maxsize=1)
+def declarations() -> dict[str, Decl]:
+    """Every function in torch's AOTI shim headers that a trampoline can forward."""
+    decls: dict[str, Decl] = {}
+    root = include_dir()
+    for rel in HEADERS:
+        path = os.path.join(root, rel)
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = _strip(f.read())
+        for m in _DECL.finditer(text):
+            ret_spelled, name, params = m.groups()
+            restype = _c_type(ret_spelled)
+            params = params.strip()
+            plist = [] if params in ("", "void") else params.split(",")
+            args = [_param_type(p) for p in plist]
+            if restype is None or any(a is None for a in args):
+                continue
+            error = ret_spelled.strip() == "AOTITorchError"
+            decls.setdefault(name, Decl(name, restype, tuple(args), error))
+    return decls

@@ -1,0 +1,92 @@
+"""The integer codes the AOTI ABI uses for dtypes, devices, layouts and memory formats.
+
+They are c10's enum values (``c10::ScalarType``, ``c10::DeviceType``, ...), which the
+compiled ``.so`` obtains by calling ``aoti_torch_dtype_float32()`` and friends; the
+bridge bakes these values into those functions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# c10::ScalarType
+DTYPE_CODES: dict[str, int] = {
+    "uint8": 0,
+    "int8": 1,
+    "int16": 2,
+    "int32": 3,
+    "int64": 4,
+    "float16": 5,
+    "float32": 6,
+    "float64": 7,
+    "complex32": 8,
+    "complex64": 9,
+    "complex128": 10,
+    "bool": 11,
+    "bfloat16": 15,
+    "float8_e5m2": 23,
+    "float8_e4m3fn": 24,
+    "float8_e5m2fnuz": 25,
+    "float8_e4m3fnuz": 26,
+    "uint16": 27,
+    "uint32": 28,
+    "uint64": 29,
+    "float8_e8m0fnu": 44,
+    "float4_e2m1fn_x2": 45,
+}
+
+# dtypes a shim tensor may have (complex32 / float4 have no usable ATen kernels on CPU)
+_TENSOR_DTYPES = [n for n in DTYPE_CODES if n not in ("complex32", "float4_e2m1fn_x2")]
+DTYPE_TO_TORCH: dict[int, torch.dtype] = {
+    DTYPE_CODES[n]: getattr(torch, n) for n in _TENSOR_DTYPES if hasattr(torch, n)
+}
+TORCH_TO_DTYPE: dict[torch.dtype, int] = {v: k for k, v in DTYPE_TO_TORCH.items()}
+ITEMSIZE: dict[int, int] = {k: v.itemsize for k, v in DTYPE_TO_TORCH.items()}
+
+# c10::DeviceType
+DEVICE_CODES: dict[str, int] = {
+    "cpu": 0,
+    "cuda": 1,
+    "xpu": 12,
+    "mps": 13,
+    "meta": 14,
+    "privateuse1": 20,
+}
+DEVICE_CPU = DEVICE_CODES["cpu"]
+
+# c10::Layout
+LAYOUT_CODES: dict[str, int] = {
+    "strided": 0,
+    "sparse_coo": 1,
+    "sparse_csr": 2,
+    "_mkldnn": 3,
+    "sparse_csc": 4,
+    "sparse_bsr": 5,
+    "sparse_bsc": 6,
+    "jagged": 7,
+}
+LAYOUT_STRIDED = LAYOUT_CODES["strided"]
+
+# c10::MemoryFormat
+MEMORY_FORMAT_CODES: dict[str, int] = {
+    "contiguous_format": 0,
+    "preserve_format": 1,
+    "channels_last": 2,
+    "channels_last_3d": 3,
+}
+
+
+def abi_version() -> int:
+    """TORCH_ABI_VERSION of the installed torch: major << 56 | minor << 48."""
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    return (major << 56) | (minor << 48)
+
+
+def constant_shims() -> dict[str, int]:
+    """Every shim that just returns a code, with its value."""
+    out = {f"aoti_torch_dtype_{n}": v for n, v in DTYPE_CODES.items()}
+    out.update({f"aoti_torch_device_type_{n}": v for n, v in DEVICE_CODES.items()})
+    out.update({f"aoti_torch_layout_{n}": v for n, v in LAYOUT_CODES.items()})
+    out.update({f"aoti_torch_memory_format_{n}": v for n, v in MEMORY_FORMAT_CODES.items()})
+    out["aoti_torch_abi_version"] = abi_version()
+    return out

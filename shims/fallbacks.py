@@ -1,0 +1,223 @@
+"""Fallback-op shims (``aoti_torch_cpu_*`` / ``aoti_torch_mps_*``) on ATen over shim storage.
+
+Inputs are ATen views of the shim storage (no copy; ATen packs a view with holes
+itself when its kernel needs dense input). An ``out`` tensor that is dense is
+written in place; one with holes gets the result computed densely and copied back
+through the strided view, so the write is never lost. Ops that return new tensors
+hand ATen's result over as an owned storage (no copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .core import adopt_result
+from .registry import emit, need_out, read_f64, read_i64s, read_ptr, shim, shim_as
+from .state import lookup
+from .storage import ShimError, is_packed
+
+aten = torch.ops.aten
+
+
+def _in(handle, what: str) -> torch.Tensor:
+    return lookup(handle, what).torch()
+
+
+def _opt_in(handle_ptr, what: str) -> torch.Tensor | None:
+    handle = read_ptr(handle_ptr, what)
+    return None if handle is None else lookup(handle, what).torch()
+
+
+def _write_out(out_handle, expected: tuple[int, ...], dtype: torch.dtype, compute) -> None:
+    """Run ``compute(out=...)`` into the shim tensor ``out_handle``, never resizing it."""
+    out = lookup(out_handle, "out")
+    o = out.torch()
+    if tuple(o.shape) != tuple(expected):
+        raise ShimError(f"out has shape {list(o.shape)}, the op produces {list(expected)}")
+    if o.dtype != dtype:
+        raise ShimError(f"out has dtype {o.dtype}, the op produces {dtype}")
+    if is_packed(out.sizes, out.strides):
+        compute(o)
+    else:
+        o.copy_(compute(None))
+
+
+def _ret(addr, t: torch.Tensor, what: str) -> None:
+    emit(addr, adopt_result(t), what)
+
+
+def _mm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int]:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ShimError(f"{op}: cannot multiply {list(a.shape)} by {list(b.shape)}")
+    return (a.shape[0], b.shape[1])
+
+
+def _bmm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int, int]:
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ShimError(f"{op}: cannot batch-multiply {list(a.shape)} by {list(b.shape)}")
+    return (a.shape[0], a.shape[1], b.shape[2])
+
+
+def mm_out(out, self, mat2):
+    a, b = _in(self, "self"), _in(mat2, "mat2")
+    _write_out(out, _mm_shape(a, b, "mm"), a.dtype, lambda o: torch.mm(a, b, out=o))
+
+
+def addmm_out(out, self, mat1, mat2, beta, alpha):
+    bias, a, b = _in(self, "self"), _in(mat1, "mat1"), _in(mat2, "mat2")
+    _write_out(
+        out,
+        _mm_shape(a, b, "addmm"),
+        a.dtype,
+        lambda o: torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=o),
+    )
+
+
+def bmm_out(out, self, mat2):
+    a, b = _in(self, "self"), _in(mat2, "mat2")
+    _write_out(out, _bmm_shape(a, b, "bmm"), a.dtype, lambda o: torch.bmm(a, b, out=o))
+
+
+def baddbmm_out(out, self, batch1, batch2, beta, alpha):
+    bias, a, b = _in(self, "self"), _in(batch1, "batch1"), _in(batch2, "batch2")
+    _write_out(
+        out,
+        _bmm_shape(a, b, "baddbmm"),
+        a.dtype,
+        lambda o: torch.baddbmm(bias, a, b, beta=beta, alpha=alpha, out=o),
+    )
+
+
+def topk(self, k, dim, largest, sorted, ret0, ret1):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
+    x = _in(self, "self")
+    if x.dim() and not -x.dim() <= dim < x.dim():
+        raise ShimError(f"topk: dim {dim} out of range for a {x.dim()}-d tensor")
+    size = x.shape[dim] if x.dim() else 1
+    if not 0 <= k <= size:
+        raise ShimError(f"topk: k={k} out of range for a dimension of size {size}")
+    values, indices = torch.topk(x, k, dim, bool(largest), bool(sorted))
+    _ret(ret0, values, "ret0")
+    _ret(ret1, indices, "ret1")
+
+
+def convolution(
+    input,
+    weight,
+    bias,
+    stride,
+    stride_len,
+    padding,
+    padding_len,
+    dilation,
+    dilation_len,
+    transposed,
+    output_padding,
+    output_padding_len,
+    groups,
+    ret0,
+):
+    y = aten.convolution(
+        _in(input, "input"),
+        _in(weight, "weight"),
+        _opt_in(bias, "bias"),
+        read_i64s(stride, stride_len, "stride"),
+        read_i64s(padding, padding_len, "padding"),
+        read_i64s(dilation, dilation_len, "dilation"),
+        bool(transposed),
+        read_i64s(output_padding, output_padding_len, "output_padding"),
+        groups,
+    )
+    _ret(ret0, y, "ret0")
+
+
+def adaptive_avg_pool2d(self, output_size, output_size_len, ret0):
+    y = aten._adaptive_avg_pool2d(
+        _in(self, "self"), read_i64s(output_size, output_size_len, "output_size")
+    )
+    _ret(ret0, y, "ret0")
+
+
+def max_pool2d_with_indices(
+    self, kernel, kernel_len, stride, stride_len, pad, pad_len, dil, dil_len, ceil, ret0, ret1
+):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
+    y, idx = aten.max_pool2d_with_indices(
+        _in(self, "self"),
+        read_i64s(kernel, kernel_len, "kernel_size"),
+        read_i64s(stride, stride_len, "stride"),
+        read_i64s(pad, pad_len, "padding"),
+        read_i64s(dil, dil_len, "dilation"),
+        bool(ceil),
+    )
+    _ret(ret0, y, "ret0")
+    _ret(ret1, idx, "ret1")
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ShimError("attention: query, key and value must be 4-d (batch, heads, seq, dim)")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ShimError(
+            f"attention: incompatible shapes q={list(q.shape)} k={list(k.shape)} v={list(v.shape)}"
+        )
+
+
+@shim
+def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
+    query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1
+):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
+    q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
+    _check_qkv(q, k, v)
+    if dropout_p:
+        raise ShimError("attention: dropout is not supported at inference")
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+        q,
+        k,
+        v,
+        0.0,
+        bool(is_causal),
+        attn_mask=_opt_in(attn_mask, "attn_mask"),
+        scale=read_f64(scale),
+    )
+    _ret(ret0, out, "ret0")
+    _ret(ret1, lse, "ret1")
+
+
+@shim
+def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
+    query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
+):
+    need_out((ret0, "ret0"), (ret1, "ret1"))
+    q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
+    _check_qkv(q, k, v)
+    if dropout_p:
+        raise ShimError("attention: dropout is not supported at inference")
+    out, attn = aten._scaled_dot_product_attention_math(
+        q,
+        k,
+        v,
+        _opt_in(attn_mask, "attn_mask"),
+        0.0,
+        bool(is_causal),
+        _opt_in(dropout_mask, "dropout_mask"),
+        scale=read_f64(scale),
+    )
+    _ret(ret0, out, "ret0")
+    _ret(ret1, attn, "ret1")
+
+
+# the same implementation serves the host (cpu) and Metal (mps) names of an op
+for _prefix in ("aoti_torch_cpu_", "aoti_torch_mps_"):
+    for _name, _fn in (
+        ("mm_out", mm_out),
+        ("addmm_out", addmm_out),
+        ("bmm_out", bmm_out),
+        ("baddbmm_out", baddbmm_out),
+        ("topk", topk),
+        ("convolution", convolution),
+        ("_adaptive_avg_pool2d", adaptive_avg_pool2d),
+        ("max_pool2d_with_indices", max_pool2d_with_indices),
+    ):
+        shim_as(_prefix + _name, _fn)

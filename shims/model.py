@@ -1,0 +1,321 @@
+"""``AotiModel``: load a ``link_libtorch=False`` AOTI ``.so`` through the bridge and run it."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import state
+from .bridge import Bridge, BridgeError, load_bridge
+from .storage import HOST_ALLOCATOR, ShimError, Storage, tensor_from_torch
+
+
+class AotiModelError(RuntimeError):
+    """Loading or running a compiled model failed; the message names the step and the cause."""
+
+
+def undefined_shims(so_path: str | os.PathLike) -> set[str] | None:
+    """The ``aoti_torch_*`` symbols ``so_path`` leaves undefined (None if ``nm`` is missing)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        return None
+    proc = subprocess.run(
+        [nm, "-D", "--undefined-only", str(so_path)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise AotiModelError(f"{so_path}: not a readable shared object ({proc.stderr.strip()})")
+    names = (line.split()[-1] for line in proc.stdout.splitlines() if line.strip())
+    return {n.split("@")[0] for n in names if n.startswith("aoti_")}
+
+
+def _aligned_blob(blob: bytes | bytearray | memoryview | None) -> tuple[int, object]:
+    """A pointer to the weights and the object keeping them alive (copied only if misaligned)."""
+    if blob is None or len(blob) == 0:
+        return 0, None
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    if arr.ctypes.data % HOST_ALLOCATOR.alignment == 0:
+        return arr.ctypes.data, arr
+    buf = HOST_ALLOCATOR.allocate(arr.nbytes)
+    buf.numpy()[:] = arr
+    return buf.data_ptr(), buf
+
+
+class AotiModel:
+    _open = 0  # models not yet closed; the host buffer cache is emptied when none are left
+
+    """One AOTI model container over a ``.so`` whose ``aoti_torch_*`` calls go to etmetal.
+
+    ``weights_blob`` is the constants blob AOTI wrote next to the ``.so``; constants
+    become tensors borrowing it, so it is kept alive until ``close()``. ``materialize``
+    picks the ``_reinterpret_tensor`` behaviour for this model's calls ("view", the
+    default, or "seed", upstream's always-copy behaviour, for comparison only).
+    ``check_inputs`` turns on the ``.so``'s own check of every input's dtype, sizes,
+    strides and device (AOTI_RUNTIME_CHECK_INPUTS, read by the ``.so`` on its first
+    run): a mismatched input is then an error, not an out-of-bounds read.
+    """
+
+    def __init__(
+        self,
+        so_path: str | os.PathLike,
+        weights_blob: bytes | bytearray | memoryview | None = None,
+        *,
+        materialize: str = "view",
+        check_inputs: bool = True,
+    ) -> None:
+        if materialize not in state.MATERIALIZE_MODES:
+            raise ValueError(f"materialize must be one of {state.MATERIALIZE_MODES}")
+        self.so_path = Path(so_path)
+        self.materialize = materialize
+        self.check_inputs = check_inputs
+        self._first_run = True
+        self._container = None
+        self._lib = None
+        self._bridge: Bridge = load_bridge()
+        if not self.so_path.is_file():
+            raise AotiModelError(f"{self.so_path}: no such file")
+        needed = undefined_shims(self.so_path)
+        if needed is not None:
+            missing = sorted(needed - self._bridge.exported)
+            if missing:
+                raise AotiModelError(
+                    f"{self.so_path.name} needs shims etmetal does not implement: {missing}"
+                )
+            shadowed = self._bridge.shadowed(needed)
+            if shadowed:
+                raise BridgeError(
+                    f"{self.so_path.name} would bind {shadowed} to a library loaded into the "
+                    "global scope before etmetal's trampoline, not to etmetal"
+                )
+        try:
+            # PyDLL: keep the GIL across the call so the shim callbacks need not re-take it
+            self._lib = ctypes.PyDLL(str(self.so_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
+        self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob)
+        self._bind_api()
+        AotiModel._open += 1
+        self._counted = True
+        with state.RUN_LOCK:
+            previous = state.set_materialize(self.materialize)
+            try:
+                self._create()
+            finally:
+                state.set_materialize(previous)
+
+    def _bind_api(self) -> None:
+        lib, vp, sz = self._lib, ctypes.c_void_p, ctypes.c_size_t
+        sig = {
+            "AOTInductorModelContainerCreateWithDevice": [vp, sz, ctypes.c_char_p, ctypes.c_char_p],
+            "AOTInductorModelContainerDelete": [vp],
+            "AOTInductorModelContainerRun": [vp, vp, sz, vp, sz, vp, vp],
+            "AOTInductorModelContainerGetNumInputs": [vp, vp],
+            "AOTInductorModelContainerGetNumOutputs": [vp, vp],
+            "AOTInductorModelContainerGetNumConstants": [vp, vp],
+            "AOTInductorModelContainerGetConstantsBlobSize": [vp, vp],
+            "AOTInductorModelUpdateConstantsFromBlob": [vp, vp],
+            "AOTInductorGetLastError": [vp],
+        }
+        for name, argtypes in sig.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                raise AotiModelError(f"{self.so_path.name} has no {name}: not an AOTI model")
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int32
+        self._run_fn = lib.AOTInductorModelContainerRun
+
+    def _check(self, rc: int, step: str) -> None:
+        if rc == 0:
+            return
+        msg = ctypes.c_char_p()
+        self._lib.AOTInductorGetLastError(ctypes.byref(msg))
+        model_msg = (msg.value or b"").decode(errors="replace").strip()
+        shim_msg = state.last_error()
+        raise AotiModelError(
+            f"{self.so_path.name}: {step} failed: {model_msg or 'error code ' + str(rc)}"
+            + (f" (last shim error: {shim_msg})" if shim_msg else "")
+        )
+
+    def _size(self, fn_name: str) -> int:
+        out = ctypes.c_uint64()
+        self._check(getattr(self._lib, fn_name)(self._container, ctypes.byref(out)), fn_name)
+        return out.value
+
+    def _create(self) -> None:
+        state.clear_last_error()
+        handle = ctypes.c_void_p()
+        lib = self._lib
+        self._check(
+            lib.AOTInductorModelContainerCreateWithDevice(ctypes.byref(handle), 1, b"cpu", None),
+            "creating the model container",
+        )
+        self._container = handle
+        try:
+            self.num_inputs = self._size("AOTInductorModelContainerGetNumInputs")
+            self.num_outputs = self._size("AOTInductorModelContainerGetNumOutputs")
+            num_constants = self._size("AOTInductorModelContainerGetNumConstants")
+            if num_constants:
+                need = self._size("AOTInductorModelContainerGetConstantsBlobSize")
+                have = 0 if self._blob_owner is None else len(self._blob_owner)
+                if have < need:
+                    raise AotiModelError(
+                        f"{self.so_path.name}: weights blob has {have} bytes, the model's "
+                        f"{num_constants} constants need {need}"
+                    )
+                before = self._bridge.calls
+                self._check(
+                    lib.AOTInductorModelUpdateConstantsFromBlob(self._container, self._blob_ptr),
+                    "loading constants from the weights blob",
+                )
+                if self._bridge.calls == before:
+                    raise BridgeError(
+                        f"{self.so_path.name}: constants loaded without any shim call reaching "
+                        "etmetal: the .so is bound to another aoti_torch implementation"
+                    )
+        except BaseException:
+            self.close()
+            raise
+
+    # --- running --------------------------------------------------------------------------
+
+    def _input_handles(self, inputs: Sequence[torch.Tensor]) -> list[int]:
+        if len(inputs) != self.num_inputs:
+            raise AotiModelError(
+                f"{self.so_path.name}: expected {self.num_inputs} inputs, got {len(inputs)}"
+            )
+        handles = []
+        try:
+            for i, t in enumerate(inputs):
+                if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                    raise AotiModelError(f"input {i}: expected a cpu torch.Tensor, got {t!r:.80}")
+                try:
+                    handles.append(state.register(tensor_from_torch(t, Storage.borrow_tensor(t))))
+                except ShimError as exc:
+                    raise AotiModelError(f"input {i}: {exc}") from exc
+        except BaseException:
+            for h in handles:
+                state.unregister(h)
+            raise
+        return handles
+
+    def _first_run_call(self, in_arr, n_in: int, out_arr) -> int:
+        """The ``.so`` reads AOTI_RUNTIME_CHECK_INPUTS once, on its first run: set it for that."""
+        key = "AOTI_RUNTIME_CHECK_INPUTS"
+        saved = os.environ.get(key)
+        os.environ[key] = "1" if self.check_inputs else "0"
+        try:
+            return self._run_fn(
+                self._container, in_arr, n_in, out_arr, self.num_outputs, None, None
+            )
+        finally:
+            self._first_run = False
+            if saved is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = saved
+
+    def _take_output(self, handle: int) -> torch.Tensor:
+        """The output as a torch tensor: adopted when it owns its storage alone, else copied."""
+        t = state.lookup(handle, "output")
+        view = t.torch()
+        if t.storage.owned and t.storage.count == 1:
+            t.storage.hand_over()  # the caller's tensor keeps the memory; never recycle it
+            result = view
+        else:
+            result = view.clone()
+        state.unregister(handle)
+        return result
+
+    def run(
+        self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """Run once. Inputs are borrowed (no copy) for the duration of the call.
+
+        Without ``outputs``, returns new tensors (adopting the model's buffers where it
+        can). With ``outputs``, copies each result into the caller's tensor (resizing it
+        when the shape differs, for dynamic shapes) and returns them.
+        """
+        if self._container is None:
+            raise AotiModelError(f"{self.so_path.name}: model is closed")
+        if outputs is not None and len(outputs) != self.num_outputs:
+            raise AotiModelError(
+                f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
+            )
+        with state.RUN_LOCK:
+            previous = state.set_materialize(self.materialize)
+            try:
+                return self._run_locked(inputs, outputs)
+            finally:
+                state.set_materialize(previous)
+
+    def _run_locked(self, inputs, outputs) -> list[torch.Tensor]:
+        handles = self._input_handles(inputs)
+        in_arr = (ctypes.c_void_p * max(len(handles), 1))(*handles)
+        out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
+        before = self._bridge.calls
+        if self._first_run:
+            rc = self._first_run_call(in_arr, len(handles), out_arr)
+        else:
+            rc = self._run_fn(
+                self._container, in_arr, len(handles), out_arr, self.num_outputs, None, None
+            )
+        produced = [out_arr[i] for i in range(self.num_outputs)]
+        # inputs are stolen by the container; release any it left behind (e.g. on failure)
+        for h in handles:
+            if h in state.HANDLES and h not in produced:
+                state.unregister(h)
+        if rc != 0:
+            for h in produced:
+                if h and h in state.HANDLES:
+                    state.unregister(h)
+            self._check(rc, "run")
+        if self._bridge.calls == before:
+            raise BridgeError(
+                f"{self.so_path.name}: a run made no shim call that reached etmetal; the .so is "
+                "bound to another aoti_torch implementation"
+            )
+        results = []
+        for i, h in enumerate(produced):
+            if not h or h not in state.HANDLES:
+                raise AotiModelError(f"{self.so_path.name}: output {i} is not a live shim tensor")
+            results.append(self._take_output(h))
+        if outputs is None:
+            return results
+        for i, (dst, src) in enumerate(zip(outputs, results)):
+            if dst.dtype != src.dtype:
+                raise AotiModelError(f"output {i}: dtype {src.dtype}, caller's tensor {dst.dtype}")
+            if dst.shape != src.shape:
+                dst.resize_(src.shape)
+            dst.copy_(src)
+        return list(outputs)
+
+    def close(self) -> None:
+        """Delete the container (its constants go with it) and forget the weights."""
+        if self._container is not None:
+            with state.RUN_LOCK:
+                rc = self._lib.AOTInductorModelContainerDelete(self._container)
+            self._container = None
+            self._check(rc, "deleting the container")
+        self._blob_owner = None
+        self._blob_ptr = 0
+        if getattr(self, "_counted", False):
+            self._counted = False
+            AotiModel._open -= 1
+            if AotiModel._open == 0:
+                HOST_ALLOCATOR.empty_cache()
+
+    def __enter__(self) -> AotiModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finalizer
+            self.close()

@@ -1,0 +1,127 @@
+"""The table of Python shim implementations and the C-pointer helpers they share.
+
+Each implementation is a plain function named exactly like its C symbol, taking
+the C arguments as Python ints/floats (pointers arrive as ints, NULL as ``None``).
+Out-parameters are written with the ``put_*`` helpers. Raising ``ShimError`` (or
+anything else) makes the bridge return AOTI_TORCH_FAILURE and record the message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable
+
+from .state import register
+from .storage import ShimError, Tensor
+
+SHIMS: dict[str, Callable] = {}
+
+MAX_NDIM = 64
+
+_i64 = ctypes.c_int64
+_i32 = ctypes.c_int32
+_u64 = ctypes.c_uint64
+_ptr = ctypes.c_void_p
+_bool = ctypes.c_bool
+_f64 = ctypes.c_double
+_f32 = ctypes.c_float
+_string_at = ctypes.string_at
+_i64_arrays: dict[int, type] = {}
+
+
+def shim(fn: Callable) -> Callable:
+    """Register ``fn`` as the implementation of the C symbol of the same name."""
+    SHIMS[fn.__name__] = fn
+    return fn
+
+
+def shim_as(name: str, fn: Callable) -> None:
+    """Register ``fn`` under another C name (one implementation, several device prefixes)."""
+    SHIMS[name] = fn
+
+
+def check_ndim(ndim: int) -> int:
+    if ndim < 0 or ndim > MAX_NDIM:
+        raise ShimError(f"ndim must be in [0, {MAX_NDIM}], got {ndim}")
+    return ndim
+
+
+def read_i64s(addr: int | None, n: int, what: str) -> tuple[int, ...]:
+    """``n`` int64 values at ``addr`` (a ``const int64_t*``)."""
+    if n == 0:
+        return ()
+    if not addr:
+        raise ShimError(f"{what} is NULL but {n} values were expected")
+    array = _i64_arrays.get(n)
+    if array is None:
+        array = _i64_arrays[n] = _i64 * n
+    return tuple(array.from_address(addr)[:])
+
+
+def read_i32s(addr: int | None, n: int, what: str) -> tuple[int, ...]:
+    if n == 0:
+        return ()
+    if not addr:
+        raise ShimError(f"{what} is NULL but {n} values were expected")
+    return struct.unpack(f"={n}i", _string_at(addr, 4 * n))
+
+
+def _target(addr: int | None, what: str) -> int:
+    if not addr:
+        raise ShimError(f"output pointer {what} is NULL")
+    return addr
+
+
+def put_i64(addr: int | None, value: int, what: str = "ret") -> None:
+    _i64.from_address(_target(addr, what)).value = value
+
+
+def put_i32(addr: int | None, value: int, what: str = "ret") -> None:
+    _i32.from_address(_target(addr, what)).value = value
+
+
+def put_u64(addr: int | None, value: int, what: str = "ret") -> None:
+    _u64.from_address(_target(addr, what)).value = value
+
+
+def put_ptr(addr: int | None, value: int, what: str = "ret") -> None:
+    _ptr.from_address(_target(addr, what)).value = value
+
+
+def put_bool(addr: int | None, value: bool, what: str = "ret") -> None:
+    _bool.from_address(_target(addr, what)).value = value
+
+
+def put_f64(addr: int | None, value: float, what: str = "ret") -> None:
+    _f64.from_address(_target(addr, what)).value = value
+
+
+def put_f32(addr: int | None, value: float, what: str = "ret") -> None:
+    _f32.from_address(_target(addr, what)).value = value
+
+
+def read_ptr(addr: int | None, what: str) -> int | None:
+    """Dereference a ``T**`` (an optional handle argument); NULL pointer -> None."""
+    if not addr:
+        return None
+    return _ptr.from_address(addr).value
+
+
+def read_f64(addr: int | None) -> float | None:
+    """Dereference an optional ``double*``."""
+    if not addr:
+        return None
+    return _f64.from_address(addr).value
+
+
+def need_out(*pairs: tuple[int | None, str]) -> None:
+    """Check every output pointer before anything is created (so a failure leaks nothing)."""
+    for addr, what in pairs:
+        _target(addr, what)
+
+
+def emit(addr: int | None, tensor: Tensor, what: str = "ret") -> None:
+    """Register ``tensor`` and store its new handle at ``addr`` (checked first)."""
+    slot = _ptr.from_address(_target(addr, what))  # before registering: nothing to undo
+    slot.value = register(tensor)

@@ -1,0 +1,119 @@
+"""Process-wide shim state: the handle table, live storages, the last error, modes.
+
+An ``AtenTensorHandle`` the ``.so`` sees is an opaque non-zero integer that keys
+``HANDLES``; the table holds the only strong reference to each shim ``Tensor``.
+Every storage with at least one tensor is in ``LIVE_STORAGES``; when a storage's
+count drops to zero it is released (owned memory freed, borrowed left alone).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+
+from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor
+
+# handles look like aligned pointers; never 0 (NULL)
+_HANDLE_BASE = 0x7E70_0000_0000
+_next_handle = itertools.count(1).__next__
+
+HANDLES: dict[int, Tensor] = {}
+LIVE_STORAGES: dict[int, Storage] = {}  # id(storage) -> storage
+
+# one model runs at a time; ctypes callbacks hold the GIL, this orders whole runs
+RUN_LOCK = threading.RLock()
+
+MATERIALIZE_MODES = ("view", "seed")
+
+
+class _Flags:
+    grad_enabled = False
+    # "view": _reinterpret_tensor keeps views in the parent's storage (correct);
+    # "seed": copy non-packed views into a new buffer (upstream Metal's behaviour)
+    materialize = "view"
+    last_error = ""
+    errors = 0
+
+
+FLAGS = _Flags()
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    tensors: int  # live handles
+    storages: int  # live storages, owned or borrowed
+    bytes: int  # bytes held by live owned storages
+    borrowed_storages: int
+    cached_bytes: int  # freed host buffers kept for reuse (HOST_ALLOCATOR.empty_cache())
+
+
+def memory_stats() -> MemoryStats:
+    owned = [s for s in LIVE_STORAGES.values() if s.owned]
+    return MemoryStats(
+        tensors=len(HANDLES),
+        storages=len(LIVE_STORAGES),
+        bytes=sum(s.nbytes for s in owned),
+        borrowed_storages=len(LIVE_STORAGES) - len(owned),
+        cached_bytes=HOST_ALLOCATOR.cached_bytes,
+    )
+
+
+def last_error() -> str:
+    """The message of the most recent failed shim call ("" if none failed yet)."""
+    return FLAGS.last_error
+
+
+def clear_last_error() -> None:
+    FLAGS.last_error = ""
+
+
+def record_error(shim: str, message: str) -> None:
+    FLAGS.last_error = f"{shim}: {message}"
+    FLAGS.errors += 1
+
+
+def register(tensor: Tensor) -> int:
+    """Give ``tensor`` a new handle and count it on its storage."""
+    storage = tensor.storage
+    if storage.count == 0:
+        LIVE_STORAGES[id(storage)] = storage
+    storage.count += 1
+    handle = _HANDLE_BASE + (_next_handle() << 4)
+    HANDLES[handle] = tensor
+    return handle
+
+
+def lookup(handle: int | None, what: str = "tensor") -> Tensor:
+    if not handle:
+        raise ShimError(f"{what} handle is NULL")
+    tensor = HANDLES.get(handle)
+    if tensor is None:
+        raise ShimError(
+            f"{what} handle {handle:#x} is not a live tensor (deleted or never created)"
+        )
+    return tensor
+
+
+def unregister(handle: int | None) -> None:
+    """Delete a handle; free its storage when it was the last tensor on it."""
+    if not handle:
+        raise ShimError("tensor handle is NULL")
+    tensor = HANDLES.pop(handle, None)
+    if tensor is None:
+        raise ShimError(
+            f"tensor handle {handle:#x} is not a live tensor (double delete or never created)"
+        )
+    storage = tensor.storage
+    storage.count -= 1
+    if storage.count == 0:
+        del LIVE_STORAGES[id(storage)]
+        storage.release()
+
+
+def set_materialize(mode: str) -> str:
+    """Set how ``_reinterpret_tensor`` treats non-packed views; returns the previous mode."""
+    if mode not in MATERIALIZE_MODES:
+        raise ValueError(f"materialize must be one of {MATERIALIZE_MODES}, got {mode!r}")
+    previous, FLAGS.materialize = FLAGS.materialize, mode
+    return previous
