@@ -141,7 +141,7 @@ def _set_input(name: str, pos: int, info: TensorInfo | None, dst, src) -> None:
                 f"method {name!r}: input {pos} of shape {list(src.shape)} ({src.numel()} elements) "
                 f"exceeds its upper bound {list(info.sizes)} ({info.capacity} elements)"
             )
-        resize_in_dim_order(dst, src.shape, info.capacity)
+        resize_in_dim_order(dst, src.shape, info.capacity, info.dim_order)
     dst.copy_(src)
 
 
