@@ -194,3 +194,24 @@ def test_etmetal_run_cli_prints_outputs_and_latency(small_pte, tmp_path):
         text=True,
     )
     assert broken.returncode == 1 and "not an ExecuTorch program" in broken.stderr
+
+
+def test_free_instructions(small_pte):
+    from executorch.exir import schema
+
+    def free_output(program):
+        plan = program.execution_plan[0]
+        plan.chains[0].instructions.append(schema.Instruction(schema.FreeCall(plan.inputs[0])))
+
+    method = Runtime.get().load_program(_edit(small_pte, free_output)).load_method("forward")
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(method.execute([x, y])[0], Small()(x, y)[0])
+
+    def free_scalar(program):
+        plan = program.execution_plan[0]
+        plan.values.append(schema.EValue(schema.Int(3)))
+        index = len(plan.values) - 1
+        plan.chains[0].instructions.append(schema.Instruction(schema.FreeCall(index)))
+
+    with pytest.raises(InvalidProgramError, match="FreeCall target .* is not a tensor"):
+        Runtime.get().load_program(_edit(small_pte, free_scalar)).load_method("forward")
