@@ -252,3 +252,38 @@ def test_scalar_inputs_must_match_the_traced_value(lower):
         method.execute([x, 4])
     with pytest.raises(InputError, match="dtype"):
         method.execute([x.double(), 3])
+
+
+def test_quantized_decomposed_program_matches_stock_and_reference(lower, stock, etmetal):
+    import executorch.kernels.quantized  # noqa: F401  (out variants the lowering needs)
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 5)
+    ).eval()
+    x = torch.randn(2, 3, 6, 6)
+    quantizer = XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True)
+    )
+    prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    edge = to_edge_transform_and_lower(
+        torch.export.export(converted, (x,)),
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+    )
+    pte = edge.to_executorch().buffer
+    names = {
+        f"{o.name}.{o.overload}"
+        for o in deserialize_pte_binary(pte).program.execution_plan[0].operators
+    }
+    assert "quantized_decomposed::dequantize_per_channel.out" in names
+    got = etmetal(pte, [x])[0]
+    torch.testing.assert_close(got, converted(x), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got, stock(pte, [x])[0], rtol=0, atol=0)
