@@ -22,7 +22,9 @@ import torch
 from executorch.exir import ExecutorchBackendConfig
 
 WORKER = Path(__file__).with_name("fuzz_worker.py")
-CASES = 1000
+# longer campaigns: ETMETAL_FUZZ_CASES=20000 ETMETAL_FUZZ_SEED=7 pytest test/runtime/test_fuzz.py -s
+CASES = int(os.environ.get("ETMETAL_FUZZ_CASES", 1000))
+SEED = int(os.environ.get("ETMETAL_FUZZ_SEED", 2026))
 CASE_TIMEOUT_S = 30.0
 
 
@@ -148,7 +150,7 @@ def run_campaign(seeds: Path, cases: int, seed: int) -> tuple[Counter, list[str]
 
 
 def test_mutated_programs_end_in_clean_errors_or_correct_runs(seeds_dir):
-    counts, bad = run_campaign(seeds_dir, CASES, seed=2026)
+    counts, bad = run_campaign(seeds_dir, CASES, seed=SEED)
     total = sum(counts.values())
     print(
         f"\nfuzz: {total} cases, {counts['error']} clean errors, "
