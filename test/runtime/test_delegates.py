@@ -80,6 +80,9 @@ def registered():
 def test_missing_delegate_is_a_load_error_naming_the_backend(delegated_pte):
     assert lookup_delegate("ExecutorBackend") is None
     program = Runtime.get().load_program(delegated_pte)
+    # metadata is read from the program: no delegate is needed (or initialized) for it
+    meta = program.metadata("forward")
+    assert meta.uses_backend("ExecutorBackend") and meta.num_inputs() == 2
     with pytest.raises(MissingDelegateError, match="ExecutorBackend"):
         program.load_method("forward")
 
