@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,6 @@ def delegate_method(module: torch.nn.Module, inputs: tuple, tmp: Path):
 
     import etmetal
     from etmetal.runtime import Runtime
-
     from etmetal.runtime.delegates import lookup_delegate
 
     if lookup_delegate("MetalBackend") is None:  # no delegate in this build yet
@@ -75,9 +75,25 @@ def delegate_method(module: torch.nn.Module, inputs: tuple, tmp: Path):
     return program.load_method("forward"), n_delegates
 
 
-def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> bm.Comparison:
+@dataclass
+class _Prepared:
+    name: str
+    description: str
+    module: torch.nn.Module
+    inputs: list
+    want: torch.Tensor
+    etmetal_artifact: Any
+    runner: Any
+
+
+def prepare(name: str, args: argparse.Namespace) -> _Prepared:
+    """Compile both builds and create torch's runner.
+
+    Every torch runner is created before etmetal's bridge is loaded: the bridge puts its
+    ``aoti_torch_*`` trampolines in the global symbol scope, and a ``link_libtorch=True``
+    ``.so`` loaded after that would bind its shims to etmetal instead of libtorch.
+    """
     from etmetal.backends.aoti_compile import compile_exported_program
-    from etmetal.shims import AotiModel
 
     spec = models(args.scale)[name]
     module, inputs = spec.make_module(), spec.make_inputs()
@@ -87,33 +103,46 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path) -> bm.Comparison
     art_torch = compile_exported_program(ep, link_libtorch=True)
     art_etm = compile_exported_program(ep, link_libtorch=False)
     runner = torch_runner(art_torch.so_path, art_torch.weights_path)
-    model = AotiModel(art_etm.so_path, art_etm.weights_path.read_bytes())
-    args_list = list(inputs)
+    return _Prepared(name, spec.description, module, list(inputs), want, art_etm, runner)
+
+
+def bench_model(p: _Prepared, args: argparse.Namespace, tmp: Path) -> bm.Comparison:
+    from etmetal.shims import AotiModel, load_bridge
+
+    bridge = load_bridge()
+    runner, args_list, want = p.runner, p.inputs, p.want
+    model = AotiModel(p.etmetal_artifact.so_path, p.etmetal_artifact.weights_path.read_bytes())
     errs = {
         "torch_aoti": (runner.run(args_list)[0] - want).abs().max().item(),
         "etmetal_shims": (model.run(args_list)[0] - want).abs().max().item(),
     }
+    calls0 = bridge.calls
+    model.run(args_list)
+    shim_calls = bridge.calls - calls0
     arms = [
         bm.Arm("torch_aoti", lambda: runner.run(args_list)),
         bm.Arm("etmetal_shims", lambda: model.run(args_list)),
     ]
-    method, n_delegates = (None, None) if args.no_pte else delegate_method(module, inputs, tmp)
+    method, n_delegates = (
+        (None, None) if args.no_pte else delegate_method(p.module, tuple(args_list), tmp)
+    )
     if method is not None:
         errs["etmetal_delegate"] = (method.execute(args_list)[0] - want).abs().max().item()
         arms.append(bm.Arm("etmetal_delegate", lambda: method.execute(args_list)))
     bad = {k: e for k, e in errs.items() if not e <= 1e-4 * max(1.0, want.abs().max().item())}
     if bad:
-        raise SystemExit(f"bench delegate: {name}: outputs differ from eager: {bad}")
-    inner = bm.calibrate_inner(arms[0].fn, target_s=2e-3)
+        raise SystemExit(f"bench delegate: {p.name}: outputs differ from eager: {bad}")
+    inner = bm.calibrate_inner(arms[1].fn, target_s=2e-3)
     timings = bm.interleaved(arms, repeat=args.repeat, warmup=3, inner=inner, budget_s=args.budget)
-    row = bm.Comparison("delegate", name, timings)
-    row.add_ratio("etmetal_shims", "torch_aoti", TARGETS.get(name))
+    row = bm.Comparison("delegate", p.name, timings)
+    row.add_ratio("etmetal_shims", "torch_aoti", TARGETS.get(p.name))
     if method is not None:
-        row.add_ratio("etmetal_delegate", "torch_aoti", TARGETS.get(name))
+        row.add_ratio("etmetal_delegate", "torch_aoti", TARGETS.get(p.name))
     row.extra.update(
-        description=spec.description,
+        description=p.description,
         max_abs_err_vs_eager=errs,
         calls_per_sample=inner,
+        shim_calls_per_run=shim_calls,
         delegate_path="pte" if method is not None else "shims only (no runtime delegate)",
         delegate_calls=n_delegates,
     )
@@ -130,10 +159,13 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     print(f"delegate latency, median of interleaved runs ({torch.get_num_threads()} thread(s)):")
     rows = []
+    names = [m for m in args.models.split(",") if m]
+    for name in names:
+        if name not in models():
+            raise SystemExit(f"bench delegate: unknown model {name!r}; choose from {MODELS}")
+    prepared = [prepare(name, args) for name in names]
     with tempfile.TemporaryDirectory(prefix="etmetal-bench-") as tmp:
-        for name in [m for m in args.models.split(",") if m]:
-            if name not in models():
-                raise SystemExit(f"bench delegate: unknown model {name!r}; choose from {MODELS}")
-            rows.append(bench_model(name, args, Path(tmp)))
+        for p in prepared:
+            rows.append(bench_model(p, args, Path(tmp)))
             bm.print_comparison(rows[-1])
     return bm.emit(args, "delegate", rows)

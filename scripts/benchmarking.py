@@ -35,6 +35,7 @@ class Timing:
     median_s: float
     min_s: float
     samples: int
+    values_s: list[float] = field(default_factory=list, repr=False)  # in round order
 
     @property
     def median_us(self) -> float:
@@ -70,9 +71,14 @@ def interleaved(
         if budget_s is not None and rnd >= 2 and time.perf_counter() - start > budget_s:
             break
     return {
-        arm.name: Timing(arm.name, statistics.median(s), min(s), len(s))
+        arm.name: Timing(arm.name, statistics.median(s), min(s), len(s), s)
         for arm, s in zip(arms, samples)
     }
+
+
+def paired_median_difference(a: Timing, b: Timing) -> float:
+    """Median over rounds of ``a - b`` (seconds): each round's samples ran back to back."""
+    return statistics.median(x - y for x, y in zip(a.values_s, b.values_s))
 
 
 def calibrate_inner(fn: Callable[[], Any], target_s: float = 2e-3, cap: int = 10_000) -> int:
@@ -125,8 +131,10 @@ def print_comparison(c: Comparison) -> None:
     print(f"  {c.case:14s} {arms}")
     for k, r in c.ratios.items():
         lim = c.target.get(k)
-        verdict = "" if lim is None else (f"  (target <= {lim}: " + ("met)" if r <= lim else "MISSED)"))
-        print(f"  {'':14s}   ratio {k} = {r:.3f}{verdict}")
+        verdict = (
+            "" if lim is None else (f"  (target <= {lim}: " + ("met)" if r <= lim else "MISSED)"))
+        )
+        print(f"  {'':14s}   ratio {k} = {r:.4g}{verdict}")
 
 
 def cpu_model() -> str:
@@ -165,8 +173,12 @@ def machine() -> dict[str, Any]:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20) -> None:
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' = stdout)")
-    parser.add_argument("--repeat", type=int, default=repeat, help="interleaved rounds per comparison")
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write the results as JSON ('-' = stdout)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=repeat, help="interleaved rounds per comparison"
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="intra-op threads for every arm (default 1)"
     )
