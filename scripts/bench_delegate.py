@@ -42,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def torch_runner(so_path: Path, weights_path: Path):
     """torch's own AOTI runner over a ``link_libtorch=True`` build, weights from the blob."""
+    from etmetal.shims import bridge
+
+    if bridge._BRIDGE is not None:
+        # the .so would bind its aoti_torch_* calls to etmetal's trampolines, not libtorch
+        raise SystemExit(
+            "bench delegate: etmetal's shim bridge is already loaded in this process, so "
+            "torch's runner cannot load its .so; run the suite in a fresh process"
+        )
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(so_path), 1)
     if weights_path.stat().st_size:  # a model without constants has an empty blob
         runner.update_constant_buffer_from_blob(str(weights_path))
