@@ -54,6 +54,11 @@ def _ratio_table(rows: list[dict], lines: list[str]) -> None:
 
 def _runtime_extra(rows: list[dict], lines: list[str]) -> None:
     for r in rows:
+        err = r.get("extra", {}).get("etmetal_error")
+        if err:
+            lines.append("")
+            lines.append(f"{r['case']}: **etmetal.runtime could not run this .pte**: `{err}`")
+    for r in rows:
         if r["case"] == "loop_overhead":
             e = r["extra"]
             per = e["us_per_instruction"]
@@ -62,8 +67,11 @@ def _runtime_extra(rows: list[dict], lines: list[str]) -> None:
                 f"Loop overhead ({e['description']}, {e['instructions']} instructions): "
                 f"etmetal {per['etmetal']:.2f} us/instruction, stock C++ runtime "
                 f"{per['stock']:.2f} us, the same ATen out-variant calls from a Python loop "
-                f"{per['aten_calls']:.2f} us. etmetal's own loop overhead (paired difference, "
-                f"median): **{e['etmetal_overhead_us_per_instruction']:.2f} us/instruction** "
+                f"{per['aten_calls']:.2f} us (etmetal minus that loop, paired median: "
+                f"{e['etmetal_minus_python_loop_us_per_instruction']:.2f} us). etmetal's own loop "
+                f"overhead, measured by running the same method with every kernel step replaced "
+                f"by a no-op (includes the per-execute input copy and output clone): "
+                f"**{e['etmetal_overhead_us_per_instruction']:.2f} us/instruction** "
                 f"(target < {e['target_us_per_instruction']} us: "
                 f"{_verdict(e['met_overhead'])}); total per instruction "
                 f"{_verdict(e['met_us_per_instruction'])} against the same bound."

@@ -69,7 +69,12 @@ def test_runtime_suite_matches_stock_and_eager(tmp_path):
     errs = mlp["extra"]["max_abs_err_vs_eager"]
     assert errs["etmetal"] <= 1e-4 and errs["stock"] <= 1e-3
     assert loop["extra"]["instructions"] >= 6
-    assert set(loop["extra"]["us_per_instruction"]) == {"stock", "etmetal", "aten_calls"}
+    assert set(loop["extra"]["us_per_instruction"]) == {
+        "stock",
+        "etmetal",
+        "aten_calls",
+        "etmetal_noop_kernels",
+    }
 
 
 def test_runtime_suite_rejects_unknown_model():
