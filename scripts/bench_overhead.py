@@ -23,7 +23,8 @@ TARGET_SHIM_NS = 2000.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    bm.add_common_arguments(parser, repeat=15)
+    # memory-bound copies on a shared machine: many short rounds for a stable median
+    bm.add_common_arguments(parser, repeat=30)
     parser.add_argument("--sizes-mib", default="1,4,16", help="copy sizes in MiB")
     parser.add_argument("--calls", type=int, default=20000, help="shim calls per pattern")
 

@@ -109,6 +109,45 @@ def _overhead(rows: list[dict], lines: list[str]) -> None:
                 )
 
 
+def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
+    """(what, measured, target, met) for every target the suites measured."""
+    out = []
+    for name, doc in result["suites"].items():
+        for r in doc["rows"]:
+            e = r.get("extra", {})
+            for k, lim in r["targets_at_most"].items():
+                out.append(
+                    (f"{name} {r['case']}: {k}", f"{r['ratios'][k]:.3g}", f"<= {lim}", r["met"][k])
+                )
+            if e.get("etmetal_error"):
+                out.append(
+                    (f"{name} {r['case']}: etmetal runs the .pte", "load failed", "runs", False)
+                )
+            if r["case"] == "loop_overhead":
+                out.append(
+                    (
+                        "runtime loop overhead per instruction",
+                        f"{e['etmetal_overhead_us_per_instruction']:.2f} us",
+                        f"< {e['target_us_per_instruction']} us",
+                        e["met_overhead"],
+                    )
+                )
+            if r["case"] == "shim_calls":
+                for k, ns in e["ns_per_call"].items():
+                    out.append((f"shim call: {k}", f"{ns:.0f} ns", "< 2000 ns", e["met"][k]))
+            if r["case"].startswith("copy_"):
+                for k, ratio in e["bandwidth_ratio"].items():
+                    out.append(
+                        (
+                            f"{r['case'][5:]} {k} / contiguous copy",
+                            f"{ratio:.2f}",
+                            ">= 0.5",
+                            e["met"][k],
+                        )
+                    )
+    return out
+
+
 def render(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [
@@ -134,7 +173,13 @@ def render(result: dict[str, Any]) -> str:
         f"- torch {m['torch']}, executorch {m['executorch']}, "
         f"intra-op threads {m['torch_threads']}",
         "",
+        "## Targets (issue 7)",
+        "",
+        "| measured | value | target | |",
+        "|---|---|---|---|",
     ]
+    lines += [f"| {w} | {v} | {t} | {_verdict(ok)} |" for w, v, t, ok in targets(result)]
+    lines += [""]
     titles = {
         "delegate": "Delegate latency: torch's AOTI runner vs etmetal (same generated kernels)",
         "runtime": "Runtime latency: one non-delegated .pte, stock executorch.runtime vs etmetal.runtime vs eager",

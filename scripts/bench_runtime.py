@@ -40,11 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def to_pte(module: nn.Module, inputs: tuple) -> tuple[bytes, int]:
-    """A non-delegated ``.pte`` (portable kernels only) and its instruction count."""
+    """A non-delegated ``.pte`` (portable kernels only) and its instruction count.
+
+    Lowered with ``etmetal.backend_config()`` (the documented user path; its default
+    keeps the program runnable by the stock kernels too)."""
     from executorch.exir import to_edge_transform_and_lower
 
+    import etmetal
+
     ep = torch.export.export(module, inputs, strict=False)
-    prog = to_edge_transform_and_lower(ep).to_executorch()
+    prog = to_edge_transform_and_lower(ep).to_executorch(etmetal.backend_config())
     n = sum(len(c.instructions) for c in prog.executorch_program.execution_plan[0].chains)
     return prog.buffer, n
 
