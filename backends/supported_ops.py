@@ -105,6 +105,8 @@ _DIM_ORDER_FORMS = {
     "_clone_dim_order": aten.clone.default,
 }
 
+_SYM_MODULES = ("_operator", "operator", "math")
+_SYM_FUNCTIONS = (torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int)
 _CONTROL_FLOW = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
 _NO_FLOAT64 = (torch.float64, torch.complex64, torch.complex128)
 
@@ -176,7 +178,15 @@ class TargetCapabilities:
                 return self.check_node(src)
             return OpVerdict(True, "getitem")
         if target in _CONTROL_FLOW:
-            return self._check_control_flow(node)
+            # torch 2.13's aot_compile fails on edge-dialect branch graphs (functionalizing
+            # the cond raises "FunctionalTensor on its own"), so control flow stays out
+            # until that works; _check_control_flow judges the branches once it does
+            verdict = self._check_control_flow(node)
+            return OpVerdict(
+                False,
+                f"{target.name()} is not compiled by AOTInductor from edge dialect here"
+                + ("" if verdict.supported else f" (and {verdict.reason})"),
+            )
         if isinstance(target, torch._ops.HigherOrderOperator):
             return OpVerdict(False, f"higher-order op {target.name()} has no AOTI lowering here")
         raw = aten_overload(target)
@@ -187,8 +197,10 @@ class TargetCapabilities:
                 return OpVerdict(False, f"{raw} with a dim order no memory format expresses")
         op = aten_form(target)
         if not isinstance(op, torch._ops.OpOverload):
-            # SymInt arithmetic (operator.mul on sizes, ...) is generated inline
-            return OpVerdict(True, "symbolic arithmetic")
+            if getattr(op, "__module__", None) in _SYM_MODULES or op in _SYM_FUNCTIONS:
+                # SymInt arithmetic (operator.mul on sizes, ...) is generated inline
+                return OpVerdict(True, "symbolic arithmetic")
+            return OpVerdict(False, f"{op} is not an operator Inductor lowers")
         if op.namespace == "dim_order_ops":
             return OpVerdict(False, f"{op} has no ATen form for Inductor")
         if self.device == "mps":

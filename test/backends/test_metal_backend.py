@@ -88,7 +88,28 @@ def test_registry_module_lowers_to_metal_delegates(name, registry_programs):
     assert predicted == imported, f"{name}: predicted {predicted}, compiled {imported}"
 
 
-def test_mixed_program_keeps_unsupported_ops_outside():
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_registry_delegate_computes_what_eager_does(name, registry_programs, tmp_path):
+    # the packed .so and weights, run through etmetal's shims, against eager PyTorch
+    from etmetal.shims.model import AotiModel
+
+    pte, _ = registry_programs(name)
+    [(_, _, so, weights)] = delegate_payloads(pte)
+    so_path = tmp_path / "delegate.so"
+    so_path.write_bytes(so)
+    module, inputs = get_model_and_inputs(name)
+    with AotiModel(so_path, weights) as model:
+        got = model.run(list(inputs))
+    with torch.no_grad():
+        want = module(*inputs)
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    entry = REGISTRY[name]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=entry.atol, rtol=entry.rtol)
+
+
+def test_mixed_program_keeps_unsupported_ops_outside(tmp_path):
     class Mixed(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -110,6 +131,20 @@ def test_mixed_program_keeps_unsupported_ops_outside():
     assert [p[0] for p in delegate_payloads(pte)] == ["MetalBackend", "MetalBackend"]
     assert len(report.partitions) == 2
     assert operator_names(pte) == ["aten::cumsum"]
+    # run the pieces in program order: delegate, portable cumsum (eager here), delegate
+    from etmetal.shims.model import AotiModel
+
+    def run(payload, args):
+        so_path = tmp_path / f"{hashlib.sha256(payload[2]).hexdigest()}.so"
+        so_path.write_bytes(payload[2])
+        with AotiModel(so_path, payload[3]) as model:
+            return model.run(args)
+
+    first, second = delegate_payloads(pte)
+    [h] = run(first, [x])
+    [got] = run(second, [torch.cumsum(h, dim=-1)])
+    with torch.no_grad():
+        torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
 
 
 def test_relowering_hits_the_compile_cache(tmp_path, monkeypatch):
@@ -159,7 +194,7 @@ def test_several_methods_each_get_delegates():
     assert len(partitioner.reports) == 2
 
 
-def test_dynamic_batch_is_carried_into_the_compiled_wrapper():
+def test_dynamic_batch_is_carried_into_the_compiled_wrapper(tmp_path):
     class Head(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -168,11 +203,10 @@ def test_dynamic_batch_is_carried_into_the_compiled_wrapper():
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(self.linear(x)) * 2.0
 
+    head = Head()
     batch = torch.export.Dim("batch", min=2, max=64)
-    program, _ = lower(
-        Head(), (torch.randn(5, 8),), target="host", dynamic_shapes={"x": {0: batch}}
-    )
-    [(_, _, so, _)] = delegate_payloads(program.buffer)
+    program, _ = lower(head, (torch.randn(5, 8),), target="host", dynamic_shapes={"x": {0: batch}})
+    [(_, _, so, weights)] = delegate_payloads(program.buffer)
     wrappers = [
         p
         for p in aoti_compile.default_cache_dir().joinpath("aoti").glob("*/wrapper.cpp")
@@ -183,6 +217,17 @@ def test_dynamic_batch_is_carried_into_the_compiled_wrapper():
     # the batch is read from the input at run time and checked against the Dim's range
     assert re.search(r"int64_t s\d+ = arg\d+_1_size\[0\];", src)
     assert re.search(r"arg\d+_1_size\[0\] < 2\)", src) and re.search(r"_size\[0\] > 64\)", src)
+    # and the one .so serves every batch in the range
+    from etmetal.shims.model import AotiModel
+
+    so_path = tmp_path / "dynamic.so"
+    so_path.write_bytes(so)
+    with AotiModel(so_path, weights) as model:
+        for n in (2, 9, 64):
+            x = torch.randn(n, 8)
+            [got] = model.run([x])
+            with torch.no_grad():
+                torch.testing.assert_close(got, head(x), atol=1e-5, rtol=1e-5)
 
 
 def test_to_backend_with_partitioner_instance():
@@ -265,7 +310,7 @@ def test_upstream_metal_backend_fails_here_without_etmetal():
 
     module, inputs = get_model_and_inputs("add")
     ep = to_edge(torch.export.export(module, inputs)).exported_program()
-    with pytest.raises(Exception):  # noqa: B017 - any failure: ImportError, RuntimeError...
+    with pytest.raises(RuntimeError, match="libtorchao_ops_mps"):
         Upstream.preprocess(ep, [])
 
 
@@ -281,3 +326,76 @@ def test_progress_is_reported_while_compiling(monkeypatch, caplog):
         time.sleep(0.3)
     beats = [r for r in caplog.records if "still compiling" in r.getMessage()]
     assert len(beats) >= 2 and "done in" in caplog.records[-1].getMessage()
+
+
+def test_codesign_identity_is_carried_and_only_applied_on_macos(caplog):
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    module, inputs = get_model_and_inputs("add")
+    specs = [CompileSpec("codesign_identity", b"-")]
+    with caplog.at_level(logging.WARNING, logger="etmetal.backends.codesign"):
+        program, _ = lower(module, inputs, target="host", compile_specs=specs)
+    [delegate] = deserialize_pte_binary(program.buffer).program.execution_plan[0].delegates
+    assert {s.key: s.value for s in delegate.compile_specs}["codesign_identity"] == b"-"
+    if sys.platform != "darwin":
+        assert any("needs macOS" in r.getMessage() for r in caplog.records)
+        # unsigned: the .so is the cached artifact, byte for byte
+        unsigned, _ = lower(*get_model_and_inputs("add"), target="host")
+        assert delegate_payloads(program.buffer) == delegate_payloads(unsigned.buffer)
+
+
+def test_export_command_writes_a_pte(tmp_path, capsys):
+    from etmetal.scripts.cli import main
+
+    out = tmp_path / "split_cat.pte"
+    assert main(["export", "split_cat", "--target", "host", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 MetalBackend delegate(s)" in printed and "Metal partition report" in printed
+    assert [p[0] for p in delegate_payloads(out.read_bytes())] == ["MetalBackend"]
+
+
+def test_export_command_rejects_unknown_models(capsys):
+    from etmetal.scripts.cli import main
+
+    with pytest.raises(SystemExit, match="neither a registry name"):
+        main(["export", "no_such_model"])
+
+
+def test_mutated_buffer_goes_into_the_delegate():
+    class Accumulate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("acc", torch.zeros(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.acc.add_(x)
+            return self.acc * 2.0
+
+    partitioner = MetalPartitioner(target="host")
+    ep = torch.export.export(Accumulate(), (torch.randn(4),))
+    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    lowered = edge.exported_program()
+    # the buffer and its update now live in the delegate, not in the program
+    assert not lowered.graph_signature.buffers_to_mutate
+    assert partitioner.report.kept_out == []
+    assert [p[0] for p in delegate_payloads(edge.to_executorch().buffer)] == ["MetalBackend"]
+
+
+def test_export_command_takes_module_callable(tmp_path, monkeypatch, capsys):
+    from etmetal.scripts.cli import main
+
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "class Twice(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x + x\n"
+        "def bare():\n"
+        "    return Twice()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "twice.pte"
+    with pytest.raises(SystemExit, match="--input-shape"):
+        main(["export", "my_models:bare", "-o", str(out)])
+    args = ["export", "my_models:bare", "--input-shape", "10", "--target", "host", "-o", str(out)]
+    assert main(args) == 0
+    assert [p[0] for p in delegate_payloads(out.read_bytes())] == ["MetalBackend"]

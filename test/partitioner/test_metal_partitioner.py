@@ -195,18 +195,23 @@ def test_ops_to_not_decompose_keeps_only_ops_supported_everywhere():
     assert all(torch.Tag.core not in op.tags for op in ops)
 
 
-def test_control_flow_branches_travel_with_their_cond():
+def test_control_flow_stays_out_with_its_branches():
     class Branchy(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.cond(x.sum() > 0, lambda t: t * 2.0, lambda t: t - 1.0, (x,))
+            y = x * 2.0
+            return torch.cond(y.sum() > 0, lambda t: t * 2.0, lambda t: t - 1.0, (y,)) + 1.0
 
     ep = edge_program(Branchy(), torch.randn(3))
-    result = MetalPartitioner(target="host").partition(ep)
+    partitioner = MetalPartitioner(target="host")
+    result = partitioner.partition(ep)
     graph = result.tagged_exported_program.graph
     cond = next(n for n in graph.nodes if n.target is torch.ops.higher_order.cond)
     branches = [a for a in cond.args if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
-    assert cond.meta.get("delegation_tag") is not None and len(branches) == 2
-    assert all(b.meta.get("delegation_tag") == cond.meta["delegation_tag"] for b in branches)
+    assert "delegation_tag" not in cond.meta and len(branches) == 2
+    assert all("delegation_tag" not in b.meta for b in branches)
+    assert partitioner.report.kept_out_ops == {"higher_order.cond": 1}
+    # the ops around it are still delegated, on both sides
+    assert len(result.partition_tags) == 2
 
 
 # -- capability checks, node by node -------------------------------------------
