@@ -104,24 +104,27 @@ class _Preparer:
     # -- which value slots change identity while the method runs ----------------------
     def split_args(self, where: str, name: str, args: list[int]) -> tuple[list[int], list[int]]:
         """(arguments, return slots) of a KernelCall."""
-        n_ret = registry.num_returns(name)
         n_args = registry.num_arguments(name)
-        if n_ret is None:
-            # no schema: trailing slots that repeat the ones before them are returns
-            n_ret = 0
-            for k in range(len(args) // 2, 0, -1):
-                if args[-k:] == args[-2 * k : -k]:
-                    n_ret = k
-                    break
-        if n_ret > len(args) or (n_args is not None and n_args + n_ret != len(args)):
-            expected = (
-                f"{n_args} arguments + {n_ret} returns"
-                if n_args is not None
-                else f"at least {n_ret} slots"
-            )
-            raise self.fail(
-                where, f"{name} takes {expected}, the instruction has {len(args)} slots"
-            )
+        if n_args is not None:
+            # the emitter appends return slots even for ops whose schema returns ()
+            if len(args) < n_args:
+                raise self.fail(
+                    where, f"{name} takes {n_args} arguments, the instruction has {len(args)} slots"
+                )
+            n_ret = len(args) - n_args
+        else:
+            n_ret = registry.num_returns(name)
+            if n_ret is None:
+                # no schema: trailing slots that repeat the ones before them are returns
+                n_ret = 0
+                for k in range(len(args) // 2, 0, -1):
+                    if args[-k:] == args[-2 * k : -k]:
+                        n_ret = k
+                        break
+            if n_ret > len(args):
+                raise self.fail(
+                    where, f"{name} has {n_ret} return slots, the instruction has {len(args)} slots"
+                )
         return args[: len(args) - n_ret], args[len(args) - n_ret :]
 
     def find_dynamic(self, kernel_names: dict[int, str]) -> None:
@@ -136,8 +139,12 @@ class _Preparer:
                         self.check_index(where, i, "argument")
                     args, rets = self.split_args(where, kernel_names[a.op_index], list(a.args))
                     for r in rets:
-                        if r not in args and not isinstance(self.vals[r], torch.Tensor):
+                        if self.is_scalar_slot(r):
                             self.dynamic.add(r)
+
+    def is_scalar_slot(self, index: int) -> bool:
+        """A return slot the kernel's Python return value is stored into."""
+        return not isinstance(self.vals[index], (torch.Tensor, list))
 
     def getter(self, index: int):
         """(static value, None) or (None, callable returning the value at call time)."""
@@ -170,7 +177,8 @@ class _Preparer:
     def kernel_step(self, where: str, name: str, kernel, a: schema.KernelCall) -> Step:
         args, rets = self.split_args(where, name, list(a.args))
         extra = [r for r in rets if r not in args and isinstance(self.vals[r], torch.Tensor)]
-        scalar_rets = [r for r in rets if r not in args and r not in extra]
+        # a scalar return slot may also be an argument (``i = add(i, 1)`` in loops)
+        scalar_rets = [r for r in rets if self.is_scalar_slot(r)]
         call_indices = args + extra
         static, dyn = self.bind(call_indices)
         checks = self.capacity_checks(call_indices)
@@ -232,7 +240,7 @@ class _Preparer:
     def jump_step(self, where: str, a: schema.JumpFalseCall, n_instr: int) -> Step:
         cond = self.check_index(where, a.cond_value_index, "condition")
         dest = a.destination_instruction
-        if not 0 <= dest < n_instr:
+        if not 0 <= dest <= n_instr:  # == n_instr jumps to the end of the chain
             raise self.fail(
                 where, f"jump destination {dest} is out of range ({n_instr} instructions)"
             )

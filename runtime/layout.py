@@ -77,7 +77,12 @@ def numel(sizes: Sequence[int]) -> int:
     return n
 
 
-def resize_in_dim_order(t: torch.Tensor, sizes: Sequence[int], capacity: int | None = None) -> None:
+def resize_in_dim_order(
+    t: torch.Tensor,
+    sizes: Sequence[int],
+    capacity: int | None = None,
+    dim_order: Sequence[int] | None = None,
+) -> None:
     """Resize ``t`` in place to ``sizes`` keeping its storage, offset and dim order.
 
     ``capacity`` (elements) bounds the new size: planned tensors must stay inside
@@ -93,5 +98,6 @@ def resize_in_dim_order(t: torch.Tensor, sizes: Sequence[int], capacity: int | N
             f"shape {sizes} ({numel(sizes)} elements) exceeds the planned capacity of "
             f"{capacity} elements"
         )
-    order = dim_order_of(t)
+    # the program's dim order when known: strides cannot tell it apart on size-1 dims
+    order = list(dim_order) if dim_order is not None else dim_order_of(t)
     t.as_strided_(sizes, strides_for(sizes, order), t.storage_offset())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -16,7 +17,8 @@ from .layout import resize_in_dim_order
 from .values import TensorInfo, ValueTable
 
 # a method whose jumps never reach its end is a hang; bound the steps per execute
-MAX_STEPS_PER_EXECUTE = 10_000_000
+MAX_STEPS_ENV = "ETMETAL_MAX_STEPS"
+MAX_STEPS_PER_EXECUTE = int(os.environ.get(MAX_STEPS_ENV, 10_000_000))
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ def _set_input(name: str, pos: int, info: TensorInfo | None, dst, src) -> None:
                 f"method {name!r}: input {pos} of shape {list(src.shape)} ({src.numel()} elements) "
                 f"exceeds its upper bound {list(info.sizes)} ({info.capacity} elements)"
             )
-        resize_in_dim_order(dst, src.shape, info.capacity)
+        resize_in_dim_order(dst, src.shape, info.capacity, info.dim_order)
     dst.copy_(src)
 
 
@@ -228,7 +230,7 @@ class Method:
                         if not budget:
                             raise ExecutionError(
                                 f"method {self._name!r}: no exit after {MAX_STEPS_PER_EXECUTE} steps "
-                                "(a JumpFalse loop never ends)",
+                                f"(a JumpFalse loop never ends; ${MAX_STEPS_ENV} raises the bound)",
                                 method=self._name,
                             )
             except ExecutionError:

@@ -11,7 +11,7 @@ from .errors import EtmetalRuntimeError, InvalidProgramError
 from .instructions import prepare_method
 from .loader import PathOrBytes, ProgramData, load_program_data
 from .method import Method, MethodMeta
-from .values import build_values
+from .values import build_values, describe_values
 
 
 class Program:
@@ -82,10 +82,18 @@ class Program:
         return method
 
     def metadata(self, name: str) -> MethodMeta:
-        """The method's metadata (loads the method once to compute it)."""
+        """The method's metadata, read from the program without loading the method."""
         if name not in self._meta:
-            method = self.load_method(name)
-            method.destroy()
+            plan = self._plan(name)
+            try:
+                table = describe_values(plan, self._data, list(plan.inputs) + list(plan.outputs))
+            except EtmetalRuntimeError:
+                raise
+            except Exception as exc:
+                raise InvalidProgramError(
+                    f"{self._data.source}: method {name!r}: bad metadata: {type(exc).__name__}: {exc}"
+                ) from exc
+            self._meta[name] = MethodMeta(plan, table)
         return self._meta[name]
 
 

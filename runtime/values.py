@@ -277,3 +277,21 @@ def build_values(plan: schema.ExecutionPlan, data, memory_cap: int | None = None
         table.list_items[index] = items
         table.values[index] = [None if i == -1 else table.values[i] for i in items]
     return table
+
+
+def describe_values(plan: schema.ExecutionPlan, data, indices: list[int]) -> ValueTable:
+    """Tensor infos and scalar values of ``indices`` only, allocating no memory (metadata)."""
+    builder = _Builder(plan, data, default_memory_cap())
+    table = ValueTable(plan.name, [None] * len(plan.values))
+    for index in indices:
+        if not 0 <= index < len(plan.values):
+            raise InvalidProgramError(
+                f"method {plan.name!r}: input/output value index {index} is out of range "
+                f"({len(plan.values)} values)"
+            )
+        val = plan.values[index].val
+        if isinstance(val, schema.Tensor):
+            table.tensors[index] = builder.tensor_info(index, val)
+        else:
+            table.values[index] = _scalar(index, val, plan.name)
+    return table

@@ -92,21 +92,33 @@ def suite_dir() -> Path:
     return Path(suite.__file__).parent
 
 
-def run_flow(flow: str, keyword: str | None, workers: int, out_dir: Path) -> dict[str, str]:
-    """Run the operator suite for one flow; return test id (flow stripped) -> outcome."""
-    xml_path = out_dir / f"{flow}.xml"
+def run_flows(
+    flows: list[str],
+    out_dir: Path,
+    *,
+    files: list[str] | None = None,
+    keyword: str | None = None,
+    workers: int = 1,
+) -> dict[str, dict[str, str]]:
+    """Run the operator suite (or ``files`` of it) for ``flows`` in one pytest session.
+
+    Returns flow -> {test id without the flow: pass | fail | skip}.
+    """
+    xml_path = out_dir / "suite.xml"
+    operators = suite_dir() / "operators"
+    paths = [str(operators / f) for f in files] if files else [str(operators)]
     cmd = [
         sys.executable,
         "-m",
         "pytest",
-        str(suite_dir() / "operators"),
+        *paths,
         f"--rootdir={suite_dir()}",
         "-p",
         "etmetal.scripts.backend_suite",
         "-p",
         "no:cacheprovider",
         "-m",
-        f"flow_{flow}",
+        " or ".join(f"flow_{f}" for f in flows),
         "-q",
         f"--junitxml={xml_path}",
         "-o",
@@ -116,14 +128,17 @@ def run_flow(flow: str, keyword: str | None, workers: int, out_dir: Path) -> dic
         cmd += ["-k", keyword]
     if workers > 1:
         cmd += ["-n", str(workers)]
-    subprocess.run(cmd, cwd=out_dir, check=False)
-    return parse_junit(xml_path, flow)
+    subprocess.run(cmd, cwd=out_dir, check=False, stdout=subprocess.DEVNULL)
+    return {flow: parse_junit(xml_path, flow) for flow in flows}
 
 
 def parse_junit(xml_path: Path, flow: str) -> dict[str, str]:
+    """Outcomes of ``flow``'s cases; ids drop the flow parameter so flows line up."""
     outcomes: dict[str, str] = {}
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         name = case.get("name", "")
+        if f"[{flow}-" not in name and f"[{flow}]" not in name:
+            continue
         # the flow is the first parameter id: test_x[portable-float32] -> test_x[float32]
         name = name.replace(f"[{flow}-", "[").replace(f"[{flow}]", "")
         test_id = f"{case.get('classname')}::{name}"
@@ -158,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flows", nargs="+", default=["portable", "etmetal"])
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    parser.add_argument("--files", nargs="*", default=None, help="operator test files only")
     parser.add_argument("-n", dest="workers", type=int, default=1, help="xdist workers")
     parser.add_argument("--json", default=None, help="write the summary here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="etmetal-suite-") as tmp:
-        results = {f: run_flow(f, args.keyword, args.workers, Path(tmp)) for f in args.flows}
+        results = run_flows(
+            args.flows, Path(tmp), files=args.files, keyword=args.keyword, workers=args.workers
+        )
     summary = compare(results)
     for flow, counts in summary["counts"].items():
         print(

@@ -165,5 +165,6 @@ def num_returns(name: str) -> int | None:
 
 
 def num_arguments(name: str) -> int | None:
+    """How many leading instruction slots are arguments, when torch knows the schema."""
     op = torch_op(name)
-    return None if op is None or name in _num_returns else len(op._schema.arguments)
+    return None if op is None else len(op._schema.arguments)

@@ -1,0 +1,114 @@
+"""``etmetal run model.pte``: run a program in etmetal's runtime.
+
+Inputs come from ``--inputs`` files (``.pt`` tensors saved with ``torch.save``, or ``.npy``)
+or, when none are given, are random tensors shaped like the method's input specs.
+Prints each output's shape, dtype and summary statistics, and the execute latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("program", help="the .pte file")
+    parser.add_argument("--method", default="forward", help="method to run (default: forward)")
+    parser.add_argument("--inputs", nargs="*", default=None, help=".pt or .npy file per input")
+    parser.add_argument("--data", nargs="*", default=None, help="external .ptd data files")
+    parser.add_argument("--runs", type=int, default=10, help="timed executions (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    parser.add_argument(
+        "--trust-native-code",
+        action="store_true",
+        help="allow delegates that run native code shipped inside the program",
+    )
+
+
+def random_input(spec, generator: torch.Generator):
+    """A value matching one input spec: tensors random (at their upper-bound shape)."""
+    if spec.tensor is None:
+        return spec.value  # scalars must equal the traced value
+    t = spec.tensor
+    shape = list(t.sizes)
+    if t.dtype == torch.bool:
+        value = torch.randint(0, 2, shape, generator=generator).bool()
+    elif t.dtype.is_floating_point:
+        value = torch.randn(shape, generator=generator, dtype=torch.float32).to(t.dtype)
+    elif t.dtype.is_complex:
+        value = torch.randn(shape, generator=generator, dtype=t.dtype)
+    else:
+        info = torch.iinfo(t.dtype)
+        low, high = max(info.min, -8), min(info.max, 8)
+        value = torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64).to(
+            t.dtype
+        )
+    order = list(t.dim_order)
+    if order != sorted(order):  # lay the input out the way the program expects it
+        value = (
+            value.permute(order).contiguous().permute([order.index(i) for i in range(len(order))])
+        )
+    return value
+
+
+def load_input(path: str):
+    p = Path(path)
+    if p.suffix == ".npy":
+        import numpy as np
+
+        return torch.from_numpy(np.load(p))
+    return torch.load(p, weights_only=True)
+
+
+def describe(value) -> str:
+    if not isinstance(value, torch.Tensor):
+        return f"{type(value).__name__} {value!r}"
+    text = f"{value.dtype} {list(value.shape)}"
+    if value.numel() and (value.dtype.is_floating_point or not value.dtype.is_complex):
+        v = value.detach().to(torch.float64)
+        text += f"  min {v.min().item():.6g}  max {v.max().item():.6g}  mean {v.mean().item():.6g}"
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    from etmetal.runtime import EtmetalRuntimeError, Runtime
+
+    try:
+        program = Runtime.get().load_program(
+            args.program, data_files=args.data, trust_native_code=args.trust_native_code
+        )
+        method = program.load_method(args.method)
+    except EtmetalRuntimeError as exc:
+        print(f"etmetal run: {exc}", file=sys.stderr)
+        return 1
+    meta = method.metadata
+    if args.inputs:
+        inputs = [load_input(p) for p in args.inputs]
+    else:
+        generator = torch.Generator().manual_seed(args.seed)
+        inputs = [random_input(spec, generator) for spec in meta.input_specs]
+        print(f"random inputs (seed {args.seed}): " + ", ".join(describe(i) for i in inputs))
+    try:
+        outputs = method.execute(inputs)  # warm-up, and the outputs we print
+        times = []
+        for _ in range(max(args.runs, 0)):
+            start = time.perf_counter()
+            method.execute(inputs)
+            times.append(time.perf_counter() - start)
+    except EtmetalRuntimeError as exc:
+        print(f"etmetal run: {exc}", file=sys.stderr)
+        return 1
+    print(f"method {args.method!r}: {len(outputs)} output(s)")
+    for i, out in enumerate(outputs):
+        print(f"  output {i}: {describe(out)}")
+    if times:
+        print(
+            f"latency over {len(times)} runs: median {statistics.median(times) * 1e3:.3f} ms, "
+            f"min {min(times) * 1e3:.3f} ms"
+        )
+    return 0
