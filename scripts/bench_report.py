@@ -22,6 +22,10 @@ def _us(v: float) -> str:
     return f"{v:.1f} us"
 
 
+def _num(v: float) -> str:
+    return f"{v:.3f}" if abs(v) >= 0.01 else f"{v:.2e}"
+
+
 def _verdict(ok: bool | None) -> str:
     return "" if ok is None else ("met" if ok else "**missed**")
 
