@@ -27,6 +27,7 @@ class Arm:
 
     name: str
     fn: Callable[[], Any]
+    inner: int | None = None  # calls per sample for this arm (default: interleaved's inner)
 
 
 @dataclass
@@ -64,10 +65,11 @@ def interleaved(
     start = time.perf_counter()
     for rnd in range(repeat):
         for i, arm in enumerate(arms):
+            n = arm.inner or inner
             t0 = time.perf_counter()
-            for _ in range(inner):
+            for _ in range(n):
                 arm.fn()
-            samples[i].append((time.perf_counter() - t0) / inner)
+            samples[i].append((time.perf_counter() - t0) / n)
         if budget_s is not None and rnd >= 2 and time.perf_counter() - start > budget_s:
             break
     return {

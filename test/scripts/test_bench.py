@@ -68,6 +68,7 @@ def test_runtime_suite_matches_stock_and_eager(tmp_path):
     # both runtimes ran the same .pte and matched eager before anything was timed
     errs = mlp["extra"]["max_abs_err_vs_eager"]
     assert errs["etmetal"] <= 1e-4 and errs["stock"] <= 1e-3
+    assert mlp["extra"]["calls_per_sample"]["stock"] == 1
     assert loop["extra"]["instructions"] >= 6
     assert set(loop["extra"]["us_per_instruction"]) == {
         "stock",
