@@ -9,32 +9,28 @@ pointer that is set, at load, to a ctypes callback of the Python implementation.
 so the model container turns it into an error code.
 
 It is compiled with the system C++ compiler on first use and cached by content hash
-under ``<cache>/bridge/`` (rebuilt if missing), then loaded with RTLD_GLOBAL so
-that a model ``.so`` loaded afterwards binds to it. torch loads libtorch
-RTLD_LOCAL, so libtorch's own shims are not candidates. ``Bridge.calls`` counts
-calls that reached etmetal; ``AotiModel`` uses it to prove the binding.
+under ``<cache>/bridge/`` (rebuilt if missing), then loaded RTLD_LOCAL: its symbols
+never enter the process-wide scope, so a ``link_libtorch=True`` ``.so`` loaded later
+(torch's own runner) still binds to libtorch. A model reaches the bridge through a
+per-model wrapper (``native.link_wrapper``) that needs the bridge and the model, and
+is itself loaded RTLD_LOCAL. ``Bridge.calls`` counts calls that reached etmetal;
+``AotiModel`` uses it to prove the binding.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from pathlib import Path
 
 from . import abi, core, fallbacks, getters  # noqa: F401 - importing registers the shims
 from .dtypes import constant_shims
+from .native import NativeBuildError, build_shared, cache_root
 from .registry import SHIMS
 from .state import record_error
 
 CHECK_SHIM = "aoti_torch_check"
-_FORMAT = 1
 
 
 class BridgeError(RuntimeError):
@@ -42,11 +38,7 @@ class BridgeError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("ETMETAL_CACHE_DIR")
-    if env:
-        return Path(env) / "bridge"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "etmetal" / "bridge"
+    return cache_root() / "bridge"
 
 
 def _params(decl: abi.Decl) -> str:
@@ -121,38 +113,15 @@ def generate_source() -> str:
     return "".join(parts)
 
 
-def _compiler() -> str:
-    for cand in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)  # type: ignore[return-value]
-    raise BridgeError("no C++ compiler found (set CXX, or install g++)")
-
-
 def build(source: str | None = None) -> Path:
     """Compile the trampoline if the cache has no build of this exact source; return its path."""
     source = generate_source() if source is None else source
-    cxx = _compiler()
-    key = hashlib.sha256(
-        f"{_FORMAT}|{cxx}|{platform.machine()}|{sys.platform}\n{source}".encode()
-    ).hexdigest()[:24]
-    out_dir = cache_dir() / key
-    lib = out_dir / "libetmetal_bridge.so"
-    if lib.exists():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        src = Path(tmp) / "bridge.cpp"
-        src.write_text(source)
-        tmp_lib = Path(tmp) / lib.name
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(tmp_lib), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BridgeError(
-                f"compiling the shim trampoline failed ({' '.join(cmd)}):\n{proc.stderr}"
-            )
-        shutil.copy2(src, out_dir / "bridge.cpp")
-        os.replace(tmp_lib, lib)  # atomic: concurrent builders agree on the content
-    return lib
+    try:
+        return build_shared(
+            "bridge", "libetmetal_bridge.so", source, lang="c++", flags=("-O2", "-std=c++17")
+        )
+    except NativeBuildError as exc:
+        raise BridgeError(f"the shim trampoline: {exc}") from exc
 
 
 def _fail(name: str, exc: BaseException) -> None:
@@ -188,7 +157,7 @@ class Bridge:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+            self.lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise BridgeError(f"loading the shim trampoline {path} failed: {exc}") from exc
         self._calls = ctypes.c_uint64.in_dll(self.lib, "etm_calls")
@@ -217,23 +186,14 @@ class Bridge:
         ).decode(errors="replace")
 
     def shadowed(self, names) -> list[str]:
-        """Those of ``names`` that the process's global scope resolves to another library.
+        """Those of ``names`` that the process's global scope defines (it is not etmetal).
 
-        A model ``.so`` resolves its undefined symbols through the global scope; if a
-        library loaded RTLD_GLOBAL before the trampoline defines one, the ``.so`` would
-        bind to it instead of etmetal.
+        A model ``.so`` resolves its undefined symbols through the global scope before
+        its wrapper's local group; if a library loaded RTLD_GLOBAL defines one, the
+        ``.so`` would bind to it instead of etmetal.
         """
         scope = ctypes.CDLL(None)  # dlopen(NULL): the global lookup scope
-        out = []
-        for name in names:
-            ours = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
-            try:
-                seen = ctypes.cast(getattr(scope, name), ctypes.c_void_p).value
-            except AttributeError:
-                seen = None
-            if seen != ours:
-                out.append(name)
-        return sorted(out)
+        return sorted(n for n in names if hasattr(scope, n))
 
     def c_function(self, name: str) -> ctypes._CFuncPtr:
         """The exported C function ``name`` with its exact signature, callable from Python."""

@@ -15,6 +15,7 @@ import torch
 
 from . import state
 from .bridge import Bridge, BridgeError, load_bridge
+from .native import NativeBuildError, link_wrapper
 from .storage import HOST_ALLOCATOR, ShimError, Storage, tensor_from_torch
 
 
@@ -95,8 +96,15 @@ class AotiModel:
                     "global scope before etmetal's trampoline, not to etmetal"
                 )
         try:
-            # PyDLL: keep the GIL across the call so the shim callbacks need not re-take it
-            self._lib = ctypes.PyDLL(str(self.so_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            # the wrapper groups bridge + model in one local scope: the model's shims bind
+            # to the bridge without either entering the process-wide scope
+            self.wrapper_path = link_wrapper([self._bridge.path, self.so_path])
+        except NativeBuildError as exc:
+            raise AotiModelError(f"linking a loader for {self.so_path} failed: {exc}") from exc
+        try:
+            # PyDLL: keep the GIL across the call so the shim callbacks need not re-take it;
+            # symbols are looked up in the wrapper's group, i.e. in the model
+            self._lib = ctypes.PyDLL(str(self.wrapper_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob)
