@@ -24,7 +24,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import abi, core, fallbacks, getters  # noqa: F401 - importing registers the shims
+from . import abi, core, fallbacks, getters, state  # noqa: F401 - importing registers the shims
 from .dtypes import constant_shims
 from .native import NativeBuildError, build_shared, cache_root
 from .registry import SHIMS
@@ -45,6 +45,40 @@ def _params(decl: abi.Decl) -> str:
     return ", ".join(f"{t} a{i}" for i, t in enumerate(decl.argtypes)) or "void"
 
 
+# getters answered from the handle's record in C (no Python call): condition, body
+_NATIVE_GETTERS = {
+    "aoti_torch_get_data_ptr": ("a1", "*(void**)a1 = (void*)(intptr_t)r->data_ptr;"),
+    "aoti_torch_get_dim": ("a1", "*(int64_t*)a1 = r->dim;"),
+    "aoti_torch_get_sizes": ("a1", "*(int64_t**)a1 = r->sizes;"),
+    "aoti_torch_get_strides": ("a1", "*(int64_t**)a1 = r->strides;"),
+    "aoti_torch_get_dtype": ("a1", "*(int32_t*)a1 = r->dtype;"),
+    "aoti_torch_get_device_type": ("a1", "*(int32_t*)a1 = r->device_type;"),
+    "aoti_torch_get_device_index": ("a1", "*(int32_t*)a1 = 0;"),
+    "aoti_torch_get_storage_offset": ("a1", "*(int64_t*)a1 = r->offset;"),
+    "aoti_torch_get_numel": ("a1", "*(int64_t*)a1 = r->numel;"),
+    "aoti_torch_get_size": (
+        "a2 && a1 >= -r->dim && a1 < r->dim",
+        "*(int64_t*)a2 = r->sizes[a1 < 0 ? a1 + r->dim : a1];",
+    ),
+    "aoti_torch_get_stride": (
+        "a2 && a1 >= -r->dim && a1 < r->dim",
+        "*(int64_t*)a2 = r->strides[a1 < 0 ? a1 + r->dim : a1];",
+    ),
+}
+
+
+def _native_path(decl: abi.Decl) -> str:
+    fast = _NATIVE_GETTERS.get(decl.name)
+    if fast is None:
+        return ""
+    cond, body = fast
+    return (
+        "  { etm_rec* r = etm_rec_of(a0);\n"
+        f"    if (r && {cond}) {{ __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED); "
+        f"{body} return 0; }} }}\n"
+    )
+
+
 def _forwarder(decl: abi.Decl) -> str:
     n = decl.name
     call = f"f({', '.join(f'a{i}' for i in range(len(decl.argtypes)))})"
@@ -58,6 +92,7 @@ def _forwarder(decl: abi.Decl) -> str:
         f"typedef {decl.restype} (*etm_fn_{n})({ftype});\n"
         f"ETM_EXPORT etm_fn_{n} etm_fp_{n} = nullptr;\n"
         f"ETM_EXPORT {decl.restype} {n}({_params(decl)}) {{\n"
+        f"{_native_path(decl)}"
         f"  __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);\n"
         f"  etm_fn_{n} f = etm_fp_{n};\n"
         f'  if (!f) {{ etm_last_unbound = "{n}"; {unbound} }}\n'
@@ -81,6 +116,23 @@ extern "C" {
 ETM_EXPORT uint64_t etm_calls = 0;
 ETM_EXPORT const char* etm_last_unbound = nullptr;
 ETM_EXPORT char etm_check_message[1024] = {0};
+// per-handle records (state.Records writes them): a handle is its record's address
+typedef struct {
+  int64_t live, data_ptr, dim, offset, numel;
+  int32_t dtype, device_type;
+  int64_t sizes[8];
+  int64_t strides[8];
+} etm_rec;
+static_assert(sizeof(etm_rec) == 176, "state.Records.SIZE");
+#define ETM_NREC 16384
+ETM_EXPORT int64_t etm_nrec = ETM_NREC;
+ETM_EXPORT etm_rec etm_recs[ETM_NREC];
+static inline etm_rec* etm_rec_of(void* h) {
+  uintptr_t o = (uintptr_t)h - (uintptr_t)etm_recs;
+  if (o >= sizeof(etm_recs) || o % sizeof(etm_rec)) return nullptr;
+  etm_rec* r = (etm_rec*)h;
+  return r->live ? r : nullptr;
+}
 ETM_EXPORT void aoti_torch_check(bool cond, const char* func, const char* file, uint32_t line,
                                  const char* msg) {
   if (cond) return;
@@ -173,6 +225,10 @@ class Bridge:
         self.constants = {n: v for n, v in constant_shims().items() if hasattr(self.lib, n)}
         self.exported = frozenset(self.forwarded) | frozenset(self.constants) | {CHECK_SHIM}
         self._functions: dict[str, ctypes._CFuncPtr] = {}
+        count = ctypes.c_int64.in_dll(self.lib, "etm_nrec").value
+        recs = (ctypes.c_char * (count * state.Records.SIZE)).in_dll(self.lib, "etm_recs")
+        self._records_memory = recs  # keep the ctypes view alive with the bridge
+        state.RECORDS = state.Records(ctypes.addressof(recs), memoryview(recs).cast("B"), count)
 
     @property
     def calls(self) -> int:
