@@ -67,7 +67,17 @@ _NATIVE_GETTERS = {
 }
 
 
+# thread-global mode flags kept in C: AOTI toggles grad mode around every run
+_NATIVE_BODIES = {
+    "aoti_torch_grad_mode_is_enabled": "return etm_grad_enabled;",
+    "aoti_torch_grad_mode_set_enabled": "etm_grad_enabled = a0; return;",
+}
+
+
 def _native_path(decl: abi.Decl) -> str:
+    body = _NATIVE_BODIES.get(decl.name)
+    if body is not None:
+        return f"  __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);\n  {body}\n"
     fast = _NATIVE_GETTERS.get(decl.name)
     if fast is None:
         return ""
@@ -116,6 +126,7 @@ extern "C" {
 ETM_EXPORT uint64_t etm_calls = 0;
 ETM_EXPORT const char* etm_last_unbound = nullptr;
 ETM_EXPORT char etm_check_message[1024] = {0};
+ETM_EXPORT bool etm_grad_enabled = false;
 // per-handle records (state.Records writes them): a handle is its record's address
 typedef struct {
   int64_t live, data_ptr, dim, offset, numel;
