@@ -48,14 +48,14 @@ static int simplify(int nd, const int64_t* sz, const int64_t* ss, const int64_t*
 
 static int64_t iabs(int64_t v) { return v < 0 ? -v : v; }
 
-/* d[i*bd + j] = s[j*as + i] for i < bn, j < an: 32x32 tiles of 4x4 SSE transposes */
+/* d[i*bd + j] = s[j*as + i] for i < bn, j < an: 32x256 tiles of 4x4 SSE transposes */
 static int transpose_u32(uint32_t* d, const uint32_t* s, int64_t bn, int64_t an, int64_t bd,
                          int64_t as) {
 #if defined(__SSE2__)
   for (int64_t i0 = 0; i0 < bn; i0 += 32) {
     int64_t i1 = i0 + 32 < bn ? i0 + 32 : bn;
-    for (int64_t j0 = 0; j0 < an; j0 += 128) {
-      int64_t j1 = j0 + 128 < an ? j0 + 128 : an;
+    for (int64_t j0 = 0; j0 < an; j0 += 256) {
+      int64_t j1 = j0 + 256 < an ? j0 + 256 : an;
       int64_t i = i0;
       for (; i + 4 <= i1; i += 4) {
         int64_t j = j0;
