@@ -224,6 +224,7 @@ class Bridge:
         except OSError as exc:
             raise BridgeError(f"loading the shim trampoline {path} failed: {exc}") from exc
         self._calls = ctypes.c_uint64.in_dll(self.lib, "etm_calls")
+        self.counter = self._calls  # ``counter.value``: ``calls`` without the property call
         self._callbacks = []  # strong references: C holds raw pointers to these
         self.forwarded: dict[str, abi.Decl] = {}
         for decl in forwarded_decls():

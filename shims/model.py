@@ -279,7 +279,10 @@ class AotiModel:
                 f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
             )
         with state.RUN_LOCK:
-            previous = state.set_materialize(self.materialize)
+            previous = state.FLAGS.materialize
+            if previous == self.materialize:  # the usual case: nothing to switch
+                return self._run_locked(inputs, outputs)
+            state.set_materialize(self.materialize)
             try:
                 return self._run_locked(inputs, outputs)
             finally:
@@ -292,7 +295,8 @@ class AotiModel:
             in_arr[i] = h
         for i in range(self.num_outputs):
             out_arr[i] = None
-        before = self._bridge.calls
+        calls = self._bridge.counter
+        before = calls.value
         if self._first_run:
             rc = self._first_run_call(in_arr, len(handles), out_arr)
         else:
@@ -310,7 +314,7 @@ class AotiModel:
                 if h and h in state.HANDLES:
                     state.unregister(h)
             self._check(rc, "run")
-        if self._bridge.calls == before:
+        if calls.value == before:
             raise BridgeError(
                 f"{self.so_path.name}: a run made no shim call that reached etmetal; the .so is "
                 "bound to another aoti_torch implementation"
