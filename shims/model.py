@@ -93,7 +93,7 @@ class AotiModel:
             if shadowed:
                 raise BridgeError(
                     f"{self.so_path.name} would bind {shadowed} to a library loaded into the "
-                    "global scope before etmetal's trampoline, not to etmetal"
+                    "process-wide (RTLD_GLOBAL) scope, not to etmetal"
                 )
         try:
             # the wrapper groups bridge + model in one local scope: the model's shims bind
