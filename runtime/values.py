@@ -71,8 +71,10 @@ def _aligned_bytes(blob: bytes) -> torch.Tensor:
 
 
 class _Builder:
-    def __init__(self, plan: schema.ExecutionPlan, data, memory_cap: int):
+    def __init__(self, plan: schema.ExecutionPlan, data, memory_cap: int, allocate=None):
         self.plan = plan
+        # planned buffers come from here (shared memory when delegates run isolated)
+        self.allocate = allocate
         self.data = data
         self.name = plan.name
         self.memory_cap = memory_cap
@@ -103,7 +105,10 @@ class _Builder:
             self.charge(size, f"planned buffer {mem_id} ({size} bytes)")
             # numpy zero-fills lazily; from_numpy storages cannot be resized, so a kernel
             # that grows an out tensor past the arena fails instead of reallocating it
-            arenas.append(torch.from_numpy(np.zeros(size, dtype=np.uint8)))
+            if self.allocate is not None:
+                arenas.append(self.allocate(size))
+            else:
+                arenas.append(torch.from_numpy(np.zeros(size, dtype=np.uint8)))
         return arenas
 
     def tensor_info(self, index: int, t: schema.Tensor) -> TensorInfo:
@@ -239,8 +244,11 @@ def _scalar(index: int, val, method: str):
     return None
 
 
-def build_values(plan: schema.ExecutionPlan, data, memory_cap: int | None = None) -> ValueTable:
-    builder = _Builder(plan, data, default_memory_cap() if memory_cap is None else memory_cap)
+def build_values(
+    plan: schema.ExecutionPlan, data, memory_cap: int | None = None, allocate=None
+) -> ValueTable:
+    cap = default_memory_cap() if memory_cap is None else memory_cap
+    builder = _Builder(plan, data, cap, allocate)
     table = ValueTable(plan.name, [None] * len(plan.values))
     table.arenas = builder.arenas()
     n = len(plan.values)
