@@ -246,6 +246,10 @@ class IsolationHost:
         else:
             how = f"exited with status {code}"
         pid = proc.pid if proc is not None else "?"
+        # the dead worker could not remove its private .so directories
+        from .tempfiles import sweep_stale
+
+        sweep_stale()
         return DelegateError(
             f"method {self.method_name!r}: delegate worker process (pid {pid}) {how} during "
             f"{what}; the host is unaffected and the next execute starts a new worker"
