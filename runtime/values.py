@@ -21,6 +21,7 @@ from .errors import InvalidProgramError, ResourceLimitError
 from .layout import SCALAR_TYPES, element_size, numel, strides_for
 
 MEMORY_CAP_ENV = "ETMETAL_MAX_MEMORY"
+MAX_DIMS = 16  # ExecuTorch's kTensorDimensionLimit
 
 
 def default_memory_cap() -> int:
@@ -116,6 +117,8 @@ class _Builder:
         if dtype is None:
             raise self.fail(index, f"unknown scalar type {t.scalar_type!r}")
         sizes = list(t.sizes)
+        if len(sizes) > MAX_DIMS:
+            raise self.fail(index, f"{len(sizes)} dims, over the runtime's limit of {MAX_DIMS}")
         if any((not isinstance(s, int)) or s < 0 for s in sizes):
             raise self.fail(index, f"invalid sizes {sizes}")
         dim_order = list(t.dim_order)
@@ -192,6 +195,7 @@ class _Builder:
                     index, f"external tensor {key!r} is in no data file (pass data_files=[...])"
                 )
             if t.allocation_info is None:
+                self.charge(info.nbytes, f"external tensor value {index} ({info.nbytes} bytes)")
                 return self.blob_tensor(index, info, blob, f"named data {key!r}"), info
             out = self.planned(index, info, t, arenas)
             out.copy_(self.blob_tensor(index, info, blob, f"named data {key!r}"))
@@ -203,6 +207,8 @@ class _Builder:
                     index,
                     f"constant buffer {idx} is out of range ({len(self.data.constant_buffers)} buffers)",
                 )
+            # constants are copied per method (aligned, private): they count against the cap
+            self.charge(info.nbytes, f"constant tensor value {index} ({info.nbytes} bytes)")
             return self.blob_tensor(
                 index, info, self.data.constant_buffers[idx], f"constant buffer {idx}"
             ), info
