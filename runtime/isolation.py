@@ -332,6 +332,10 @@ class IsolationHost:
             if self._scratch is not None:
                 self._scratch.close()
 
+    def worker_stats(self) -> tuple[tuple | None, int]:
+        """(the worker's shim ``memory_stats()`` fields or None, its RSS in bytes)."""
+        return self.request(("stats",), "stats")
+
     @property
     def worker_pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None

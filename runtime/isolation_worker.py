@@ -116,6 +116,13 @@ def main(fd: int) -> int:
                     for a in args
                 ]
                 reply = ("ok", metas)
+            elif op == "stats":  # for leak checks: the worker's shim state and RSS
+                stats = None
+                if "etmetal.shims" in sys.modules:
+                    stats = tuple(sys.modules["etmetal.shims"].memory_stats().__dict__.values())
+                with open("/proc/self/statm") as f:
+                    rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                reply = ("ok", (stats, rss))
             elif op == "destroy":
                 ex = executors.pop(msg[1], None)
                 if ex is not None:
