@@ -41,9 +41,8 @@ class Tiny(torch.nn.Module):
 
 def build_seeds(out_dir: Path) -> Path:
     """Write the seed programs (with inputs and eager outputs) into ``out_dir``."""
+    from etmetal.scripts.export import lower  # noqa: I001 - models.demo comes with the delegate
     from etmetal.scripts.models.demo import get_demo
-
-    from etmetal.scripts.export import lower
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
