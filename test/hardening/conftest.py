@@ -27,6 +27,15 @@ class Demo:
             self.expected = self.module(*inputs)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # OpenMP kernels spin on a busy 2-core machine; one thread keeps executes cheap
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def demos() -> dict[str, Demo]:
     return {name: Demo(name) for name in ("transformer_block", "patch_embedding")}
