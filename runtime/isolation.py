@@ -34,7 +34,7 @@ from . import errors as _errors
 from .backend_interface import BackendExecutor, BackendInitContext
 from .errors import DelegateError, EtmetalRuntimeError
 
-TIMEOUT_ENV = "ETMETAL_ISOLATE_TIMEOUT"  # seconds a delegate call may take in the worker
+TIMEOUT_ENV = "ETMETAL_ISOLATE_TIMEOUT"  # seconds a delegate execute may take in the worker
 _HEADER = struct.Struct("<Q")
 
 
@@ -258,13 +258,28 @@ class IsolationHost:
     def _call(self, msg: tuple, what: str) -> Any:
         sock = self._sock
         try:
-            sock.settimeout(self._timeout)
+            # only executes are bounded: a worker's start (imports, delegate init) is slow
+            sock.settimeout(self._timeout if what == "execute" else None)
             send_msg(sock, msg)
             reply, _ = recv_msg(sock)
         except (OSError, EOFError, pickle.UnpicklingError) as exc:
-            if isinstance(exc, TimeoutError) and self._proc is not None:
+            timed_out = isinstance(exc, TimeoutError)
+            if timed_out and self._proc is not None:
                 self._proc.kill()
-            raise self._died(what) from exc
+            error = self._died(what)
+            if timed_out:
+                error = DelegateError(
+                    f"method {self.method_name!r}: the delegate did not finish {what} within "
+                    f"{self._timeout} s (${TIMEOUT_ENV}); its worker process was killed and the "
+                    "next execute starts a new one"
+                )
+            raise error from exc
+        except BaseException:
+            # interrupted mid-request (e.g. KeyboardInterrupt): the stream is out of step
+            if self._proc is not None:
+                self._proc.kill()
+            self._died(what)
+            raise
         if reply[0] == "err":
             raise rebuild_error(reply[1], reply[2])
         return reply[1]

@@ -33,7 +33,20 @@ def _load_class(ref):
     return obj
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the host dies, even mid-execute."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(fd: int) -> int:
+    _die_with_parent()
     sock = socket.socket(fileno=fd)
     # the host's sys.path, so the worker imports the same etmetal and delegate modules
     from etmetal.runtime.isolation import recv_msg, send_msg

@@ -2,7 +2,8 @@
 
 The C source exports the AOTI container API etmetal's ``AotiModel`` drives: an identity
 model (the output handle is the stolen input handle) whose ``Run`` dereferences NULL
-while the file named by ``$ETMETAL_TEST_CRASH_FLAG`` exists. ``CrashBackend`` is the
+while the file named by ``$ETMETAL_TEST_CRASH_FLAG`` exists (and never returns while
+``$ETMETAL_TEST_HANG_FLAG`` names an existing file). ``CrashBackend`` is the
 runtime delegate (processed bytes: the ``.so``'s path) and its AOT ``BackendDetails``.
 """
 
@@ -17,6 +18,7 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from etmetal.runtime import BackendExecutor
 
 FLAG_ENV = "ETMETAL_TEST_CRASH_FLAG"
+HANG_ENV = "ETMETAL_TEST_HANG_FLAG"
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -33,6 +35,8 @@ rc_t AOTInductorModelContainerRun(void *h, void **in, size_t n_in, void **out, s
                                   void *stream, void *proxy) {
   const char *flag = getenv("ETMETAL_TEST_CRASH_FLAG");
   if (flag && access(flag, F_OK) == 0) { volatile int *p = 0; *p = alive; }
+  const char *hang = getenv("ETMETAL_TEST_HANG_FLAG");
+  if (hang && access(hang, F_OK) == 0) for (;;) pause();
   int64_t dim = 0;
   if (aoti_torch_get_dim(in[0], &dim) != 0) return 1;
   out[0] = in[0];  /* identity: the stolen input handle becomes the output */

@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from crash_delegate import FLAG_ENV, CrashExecutor
+from crash_delegate import FLAG_ENV, HANG_ENV, CrashExecutor
 
 from etmetal.runtime import DelegateError, EtmetalRuntimeError, Runtime
 from etmetal.runtime import delegates as delegate_registry
@@ -58,6 +58,23 @@ def test_segfaulting_so_is_an_error_and_the_host_keeps_serving(
         program = Runtime.get().load_program(demo.pte, trust_native_code=True, isolate=isolate)
         out = program.load_method("forward").execute(demo.inputs)[0]
         torch.testing.assert_close(out, demo.expected, atol=1e-4, rtol=1e-4)
+    method.destroy()
+
+
+def test_hanging_delegate_times_out_and_the_method_recovers(
+    crash_artifacts, crash_registered, monkeypatch, tmp_path
+):
+    _, pte = crash_artifacts
+    hang = tmp_path / "hang-now"
+    monkeypatch.setenv(HANG_ENV, str(hang))
+    monkeypatch.setenv("ETMETAL_ISOLATE_TIMEOUT", "3")
+    x = torch.randn(4, 3)
+    method = Runtime.get().load_program(pte, isolate=True).load_method("forward")
+    hang.touch()
+    with pytest.raises(EtmetalRuntimeError, match=r"did not finish execute within 3.0 s"):
+        method.execute([x])
+    hang.unlink()
+    assert torch.equal(method.execute([x])[0], x)
     method.destroy()
 
 
