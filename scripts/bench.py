@@ -7,8 +7,14 @@ SUITES = {
     "runtime": ("etmetal.scripts.bench_runtime", "runtime latency vs executorch.runtime and eager"),
     "delegate": ("etmetal.scripts.bench_delegate", "delegate latency vs torch's AOTI runner"),
     "lowering": ("etmetal.scripts.bench_lowering", "AOTI lowering time, cold vs cached"),
-    "isolation": ("etmetal.scripts.bench_isolation", "execute latency with isolate=True vs in-process"),
-    "fuzz": ("etmetal.scripts.bench_fuzz", "seeded fuzz campaign over delegated programs (--cases N)"),
+    "isolation": (
+        "etmetal.scripts.bench_isolation",
+        "execute latency with isolate=True vs in-process",
+    ),
+    "fuzz": (
+        "etmetal.scripts.bench_fuzz",
+        "seeded fuzz campaign over delegated programs (--cases N)",
+    ),
 }
 
 add_arguments, run = make_command(SUITES)
