@@ -144,6 +144,24 @@ def load_program_data(
     return ProgramData(program, source, constants, mutable, named)
 
 
+def _check_data_segments(data: bytes, source: str) -> None:
+    """The ``.ptd``'s segments lie inside the file (the parser slices silently)."""
+    from executorch.extension.flat_tensor.serialize.serialize import (
+        FlatTensorHeader,
+        _deserialize_to_flat_tensor,
+    )
+
+    header = FlatTensorHeader.from_bytes(data[8:])
+    flat = _deserialize_to_flat_tensor(data[: header.flatbuffer_offset + header.flatbuffer_size])
+    for i, seg in enumerate(flat.segments):
+        end = header.segment_base_offset + seg.offset + seg.size
+        if seg.offset < 0 or seg.size < 0 or end > len(data):
+            raise InvalidProgramError(
+                f"{source}: data segment {i} (offset {seg.offset}, {seg.size} bytes, base "
+                f"{header.segment_base_offset}) ends past the end of the file ({len(data)} bytes)"
+            )
+
+
 def load_data_file(what: PathOrBytes) -> dict[str, bytes]:
     """Named data of a ``.ptd`` (FlatTensor) file: key -> bytes."""
     from executorch.exir._serialize._cord import Cord
@@ -156,6 +174,7 @@ def load_data_file(what: PathOrBytes) -> dict[str, bytes]:
         raise InvalidProgramError(
             f"{source}: cannot parse data file: {type(exc).__name__}: {exc}"
         ) from exc
+    _check_data_segments(data, source)
     named: dict[str, bytes] = {}
     for key, entry in payload.named_data.items():
         if not 0 <= entry.buffer_index < len(payload.buffers):

@@ -62,3 +62,22 @@ def test_tensor_rank_over_the_limit_is_refused(const_pte):
     plan.values[index].val.dim_order = list(range(17))
     with pytest.raises(InvalidProgramError, match=rf"value {index}: 17 dims, over .* limit of 16"):
         Runtime.get().load_program(bytes(serialize_pte_binary(pte))).load_method("forward")
+
+
+def test_truncated_data_file_is_refused_with_offsets(demos):
+    from executorch.extension.flat_tensor.serialize.serialize import (
+        DataPayload,
+        FlatTensorSerializer,
+    )
+
+    parsed = deserialize_pte_binary(demos["patch_embedding"].pte)
+    named = parsed.named_data
+    payload = DataPayload(buffers=list(named.buffers), named_data=dict(named.pte_data))
+    ptd = bytes(FlatTensorSerializer().serialize(payload))
+    parsed.named_data = None
+    pte = bytes(serialize_pte_binary(parsed, extract_delegate_segments=True))
+    cut = len(ptd) - 100
+    with pytest.raises(
+        InvalidProgramError, match=rf"ends past the end of the file \({cut} bytes\)"
+    ):
+        Runtime.get().load_program(pte, data_files=ptd[:cut], trust_native_code=True)
