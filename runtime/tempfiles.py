@@ -88,6 +88,11 @@ def private_dir(kind: str, owner: object | None = None) -> Path:
     return path
 
 
+def track(owner: object, path: Path) -> weakref.finalize:
+    """Remove ``path`` when ``owner`` is collected or at interpreter exit; call to remove now."""
+    return weakref.finalize(owner, shutil.rmtree, str(path), True)
+
+
 def write_private_file(directory: Path, name: str, data, mode: int = 0o500) -> Path:
     """Create ``directory/name`` holding ``data``; refuses an existing file or symlink."""
     path = Path(directory) / name

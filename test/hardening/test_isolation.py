@@ -116,3 +116,13 @@ def test_untrusted_native_code_is_refused_in_the_worker_too(demos):
     program = Runtime.get().load_program(demo.pte, isolate=True)
     with pytest.raises(DelegateError, match="native code"):
         program.load_method("forward")
+
+
+def test_cli_run_isolate(demos, tmp_path, capsys):
+    from etmetal.scripts.cli import main
+
+    path = tmp_path / "patch_embedding.pte"
+    path.write_bytes(demos["patch_embedding"].pte)
+    assert main(["run", str(path), "--isolate", "--trust-native-code", "--runs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "output 0: torch.float32 [2, 64, 48]" in out
