@@ -74,23 +74,36 @@ def _sweep_once() -> None:
     sweep_stale()
 
 
+_LIVE: set[str] = set()  # directories this process made and has not removed yet
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    _LIVE.discard(path)
+
+
+@atexit.register
+def _remove_all() -> None:
+    for path in list(_LIVE):
+        _remove(path)
+
+
 def private_dir(kind: str, owner: object | None = None) -> Path:
-    """A new private directory; removed when ``owner`` is collected and at exit."""
+    """A new private directory, removed at interpreter exit at the latest, and when
+    ``owner`` (if given) is collected; ``track`` attaches an owner later."""
     if not kind.isalpha():
         raise ValueError(f"temp dir kind must be letters only, got {kind!r}")
     _sweep_once()
     path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{kind.lower()}-{os.getpid()}-"))
+    _LIVE.add(str(path))
     if owner is not None:
-        # finalizers also run at interpreter exit (atexit), covering owners still alive then
-        weakref.finalize(owner, shutil.rmtree, str(path), True)
-    else:
-        atexit.register(shutil.rmtree, str(path), True)
+        track(owner, path)
     return path
 
 
 def track(owner: object, path: Path) -> weakref.finalize:
-    """Remove ``path`` when ``owner`` is collected or at interpreter exit; call to remove now."""
-    return weakref.finalize(owner, shutil.rmtree, str(path), True)
+    """Remove ``path`` when ``owner`` is collected (or at exit); call the result to remove now."""
+    return weakref.finalize(owner, _remove, str(path))
 
 
 def write_private_file(directory: Path, name: str, data, mode: int = 0o500) -> Path:
