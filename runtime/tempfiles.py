@@ -101,6 +101,11 @@ def private_dir(kind: str, owner: object | None = None) -> Path:
     return path
 
 
+def remove(path: str | os.PathLike) -> None:
+    """Remove a private directory now."""
+    _remove(str(path))
+
+
 def track(owner: object, path: Path) -> weakref.finalize:
     """Remove ``path`` when ``owner`` is collected (or at exit); call the result to remove now."""
     return weakref.finalize(owner, _remove, str(path))
