@@ -18,6 +18,7 @@ import torch
 from executorch.exir import schema
 
 from .backend_interface import BackendExecutor, BackendInitContext
+from .constant_fold import fold_constants
 from .delegates import lookup_delegate
 from .errors import (
     DelegateError,
@@ -326,6 +327,9 @@ class _Preparer:
         self.find_dynamic(kernel_names)
         for i in list(self.plan.inputs) + list(self.plan.outputs):
             self.check_index("inputs/outputs", i)
+        self.folded = fold_constants(
+            self.plan, self.table, kernels, kernel_names, self.split_args, self.dynamic
+        )
         executors = self.init_delegates()
         try:
             chains = [
@@ -344,7 +348,10 @@ class _Preparer:
         for ii, instr in enumerate(chain.instructions):
             a = instr.instr_args
             where = f"chain {ci} instruction {ii}"
-            if isinstance(a, schema.KernelCall):
+            if (ci, ii) in self.folded:  # ran once at load (constant_fold.py)
+                steps.append(_noop)
+                labels.append(f"instruction {ii} (folded at load)")
+            elif isinstance(a, schema.KernelCall):
                 name = kernel_names[a.op_index]
                 steps.append(self.kernel_step(where, name, kernels[a.op_index], a))
                 labels.append(f"instruction {ii} ({name})")

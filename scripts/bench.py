@@ -7,6 +7,14 @@ SUITES = {
     "runtime": ("etmetal.scripts.bench_runtime", "runtime latency vs executorch.runtime and eager"),
     "delegate": ("etmetal.scripts.bench_delegate", "delegate latency vs torch's AOTI runner"),
     "lowering": ("etmetal.scripts.bench_lowering", "AOTI lowering time, cold vs cached"),
+    "overhead": (
+        "etmetal.scripts.bench_overhead",
+        "ns per shim call; view_copy and gather bandwidth vs a contiguous copy",
+    ),
+    "all": (
+        "etmetal.scripts.bench_all",
+        "every suite, each in its own process; writes BENCHMARKS.md",
+    ),
     "isolation": (
         "etmetal.scripts.bench_isolation",
         "execute latency with isolate=True vs in-process",

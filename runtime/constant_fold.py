@@ -1,0 +1,91 @@
+"""Load-time folding of layout copies whose inputs are all constants.
+
+An exported ``nn.Linear`` becomes ``permute_copy(weight)`` + ``addmm``: every execute
+would transpose the same constant weight again (for a 1024 x 1024 weight that costs
+more than the matmul on one thread). Such a copy has no side effects and its inputs
+never change, so it runs once, at load, into a private tensor, and the instruction
+leaves the hot loop. The result cannot stay in its planned slot: memory planning may
+give those bytes to other values later in the method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from executorch.exir import schema
+
+from .errors import InvalidProgramError
+from .values import ValueTable
+
+# out-variant layout copies: pure functions of their inputs
+FOLDABLE = frozenset(
+    {
+        "aten::permute_copy.out",
+        "aten::t_copy.out",
+        "aten::transpose_copy.out",
+        "aten::expand_copy.out",
+        "aten::view_copy.out",
+        "aten::clone.out",
+        "dim_order_ops::_to_dim_order_copy.out",
+    }
+)
+
+SplitArgs = Callable[[str, str, list[int]], tuple[list[int], list[int]]]
+
+
+def _foldable(table: ValueTable, args: list[int], rets: list[int], keep: set[int]) -> bool:
+    # the out argument is the return slot, and nothing the caller reads or a Move rewrites
+    if len(rets) != 1 or not args or args[-1] != rets[0] or rets[0] in keep:
+        return False
+    out_info = table.tensors.get(rets[0])
+    if out_info is None or not out_info.is_static or out_info.kind != "planned":
+        return False
+    tensors = [i for i in args[:-1] if i in table.tensors]
+    if not tensors or any(table.tensors[i].kind != "constant" for i in tensors):
+        return False
+    # a tensor list argument could hold non-constant tensors
+    return not any(j in table.tensors for i in args[:-1] for j in table.list_items.get(i, ()))
+
+
+def fold_constants(
+    plan: schema.ExecutionPlan,
+    table: ValueTable,
+    kernels: dict[int, Callable],
+    kernel_names: dict[int, str],
+    split_args: SplitArgs,
+    dynamic: set[int],
+) -> set[tuple[int, int]]:
+    """Run the foldable instructions now; returns their (chain, instruction) positions.
+
+    ``dynamic``: value slots whose identity changes while the method runs (left alone).
+    Chains with jumps are left alone too (an instruction there may run zero or many times).
+    """
+    folded: set[tuple[int, int]] = set()
+    keep = set(plan.outputs) | dynamic
+    vals = table.values
+    for ci, chain in enumerate(plan.chains):
+        if any(isinstance(i.instr_args, schema.JumpFalseCall) for i in chain.instructions):
+            continue
+        for ii, instr in enumerate(chain.instructions):
+            a = instr.instr_args
+            if not isinstance(a, schema.KernelCall) or kernel_names[a.op_index] not in FOLDABLE:
+                continue
+            name = kernel_names[a.op_index]
+            args, rets = split_args(f"chain {ci} instruction {ii}", name, list(a.args))
+            if not _foldable(table, args, rets, keep):
+                continue
+            out = rets[0]
+            planned = vals[out]
+            private = torch.empty_strided(planned.shape, planned.stride(), dtype=planned.dtype)
+            try:
+                kernels[a.op_index](*[private if i == out else vals[i] for i in args])
+            except Exception as exc:
+                raise InvalidProgramError(
+                    f"method {plan.name!r}: chain {ci} instruction {ii} ({name}) on constant "
+                    f"inputs failed at load: {type(exc).__name__}: {exc}"
+                ) from exc
+            vals[out] = private
+            table.tensors[out].kind = "constant"
+            folded.add((ci, ii))
+    return folded

@@ -1,0 +1,216 @@
+"""Render the JSON of ``etmetal bench all`` as BENCHMARKS.md (numbers only from the JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_METHOD = """\
+Every comparison runs its arms in turns (A, B, C, A, B, C, ...) after a warm-up, so
+load drifts on this shared machine hit all arms alike; each cell is the **median**
+per call (several calls per sample for short calls), and each ratio is a ratio of
+medians. Every arm uses the same intra-op thread count. Before timing, every arm's
+output is checked against eager PyTorch (the suite aborts if one differs). Each suite
+runs in its own process. Nothing here is edited by hand: the file is the output of
+the command below."""
+
+
+def _us(v: float) -> str:
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.1f} us"
+
+
+def _num(v: float) -> str:
+    return f"{v:.3f}" if abs(v) >= 0.01 else f"{v:.2e}"
+
+
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("met" if ok else "**missed**")
+
+
+def _ratio_table(rows: list[dict], lines: list[str]) -> None:
+    arms: list[str] = []
+    for r in rows:
+        arms += [a for a in r["median_us"] if a not in arms]
+    lines.append("| case | " + " | ".join(arms) + " | ratio | target | |")
+    lines.append("|---" * (len(arms) + 4) + "|")
+    for r in rows:
+        cells = [_us(r["median_us"][a]) if a in r["median_us"] else "" for a in arms]
+        ratios = list(r["ratios"].items()) or [("", None)]
+        for i, (k, v) in enumerate(ratios):
+            lim = r["targets_at_most"].get(k)
+            ok = r["met"].get(k)
+            head = f"{r['case']}" + (
+                f" ({r['extra']['description']})"
+                if "extra" in r and "description" in r["extra"]
+                else ""
+            )
+            row = [head if i == 0 else ""] + (cells if i == 0 else [""] * len(arms))
+            row += [
+                f"{k} = {v:.3f}" if v is not None else "",
+                f"<= {lim}" if lim else "",
+                _verdict(ok),
+            ]
+            lines.append("| " + " | ".join(row) + " |")
+
+
+def _runtime_extra(rows: list[dict], lines: list[str]) -> None:
+    for r in rows:
+        err = r.get("extra", {}).get("etmetal_error")
+        if err:
+            lines.append("")
+            lines.append(f"{r['case']}: **etmetal.runtime could not run this .pte**: `{err}`")
+    for r in rows:
+        if r["case"] == "loop_overhead":
+            e = r["extra"]
+            per = e["us_per_instruction"]
+            lines.append("")
+            lines.append(
+                f"Loop overhead ({e['description']}, {e['instructions']} instructions): "
+                f"etmetal {per['etmetal']:.2f} us/instruction, stock C++ runtime "
+                f"{per['stock']:.2f} us, the same ATen out-variant calls from a Python loop "
+                f"{per['aten_calls']:.2f} us (etmetal minus that loop, paired median: "
+                f"{e['etmetal_minus_python_loop_us_per_instruction']:.2f} us). etmetal's own loop "
+                f"overhead, measured by running the same method with every kernel step replaced "
+                f"by a no-op (includes the per-execute input copy and output clone): "
+                f"**{e['etmetal_overhead_us_per_instruction']:.2f} us/instruction** "
+                f"(target < {e['target_us_per_instruction']} us: "
+                f"{_verdict(e['met_overhead'])}); total per instruction "
+                f"{_verdict(e['met_us_per_instruction'])} against the same bound."
+            )
+
+
+def _overhead(rows: list[dict], lines: list[str]) -> None:
+    for r in rows:
+        e = r["extra"]
+        if r["case"] == "shim_calls":
+            lines.append(f"ns per shim call, timed from native code ({e['note']}):")
+            lines.append("")
+            lines.append("| call pattern | ns/call | target < 2000 ns |")
+            lines.append("|---|---|---|")
+            for k, v in e["ns_per_call"].items():
+                lines.append(f"| {k} | {v:.0f} | {_verdict(e['met'][k])} |")
+            lines.append("")
+    lines.append("Copy bandwidth vs a contiguous copy of the same bytes (target >= 0.5):")
+    lines.append("")
+    lines.append("| size | kind | GB/s | ratio to contiguous copy | |")
+    lines.append("|---|---|---|---|---|")
+    for r in rows:
+        e = r["extra"]
+        if r["case"].startswith("copy_"):
+            size = r["case"][5:]
+            for k, gbs in e["gb_per_s"].items():
+                ratio = e["bandwidth_ratio"].get(k)
+                lines.append(
+                    f"| {size} | {k} | {gbs:.2f} | "
+                    + (
+                        f"{ratio:.2f} | {_verdict(e['met'][k])} |"
+                        if ratio is not None
+                        else "1.00 | |"
+                    )
+                )
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
+    """(what, measured, target, met) for every target the suites measured."""
+    out = []
+    for name, doc in result["suites"].items():
+        for r in doc["rows"]:
+            e = r.get("extra", {})
+            for k, lim in r["targets_at_most"].items():
+                out.append(
+                    (f"{name} {r['case']}: {k}", f"{r['ratios'][k]:.3g}", f"<= {lim}", r["met"][k])
+                )
+            if e.get("etmetal_error"):
+                out.append(
+                    (f"{name} {r['case']}: etmetal runs the .pte", "load failed", "runs", False)
+                )
+            if r["case"] == "loop_overhead":
+                out.append(
+                    (
+                        "runtime loop overhead per instruction",
+                        f"{e['etmetal_overhead_us_per_instruction']:.2f} us",
+                        f"< {e['target_us_per_instruction']} us",
+                        e["met_overhead"],
+                    )
+                )
+            if r["case"] == "shim_calls":
+                for k, ns in e["ns_per_call"].items():
+                    out.append((f"shim call: {k}", f"{ns:.0f} ns", "< 2000 ns", e["met"][k]))
+            if r["case"].startswith("copy_"):
+                for k, ratio in e["bandwidth_ratio"].items():
+                    out.append(
+                        (
+                            f"{r['case'][5:]} {k} / contiguous copy",
+                            f"{ratio:.2f}",
+                            ">= 0.5",
+                            e["met"][k],
+                        )
+                    )
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        "# etmetal benchmarks",
+        "",
+        "Generated by:",
+        "",
+        "```",
+        result["command"],
+        "```",
+        "",
+        f"Run started {result['started_utc']}.",
+        "",
+        "## Method",
+        "",
+        _METHOD,
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu']}, nproc {m['nproc']} (shared with other jobs; load average at "
+        f"the end {', '.join(f'{x:.1f}' for x in m['loadavg']) if m['loadavg'] else 'n/a'})",
+        f"- {m['platform']}, Python {m['python']}",
+        f"- torch {m['torch']}, executorch {m['executorch']}, "
+        f"intra-op threads {m['torch_threads']}",
+        "",
+        "## Targets (issue 7)",
+        "",
+        "| measured | value | target | |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {w} | {v} | {t} | {_verdict(ok)} |" for w, v, t, ok in targets(result)]
+    lines += [""]
+    titles = {
+        "delegate": "Delegate latency: torch's AOTI runner vs etmetal (same generated kernels)",
+        "runtime": "Runtime latency: one non-delegated .pte, stock executorch.runtime vs etmetal.runtime vs eager",
+        "overhead": "Shim-call overhead and copy bandwidth",
+        "lowering": "AOTI lowering time, cold vs cached",
+    }
+    for name, doc in result["suites"].items():
+        lines += [
+            f"## {titles.get(name, name)}",
+            "",
+            f"`{result['commands'][name]}` ({doc['wall_s']:.0f} s)",
+            "",
+        ]
+        rows = doc["rows"]
+        if name == "overhead":
+            _overhead(rows, lines)
+        else:
+            _ratio_table(rows, lines)
+            if name == "runtime":
+                _runtime_extra(rows, lines)
+            if name == "delegate":
+                for r in rows:
+                    e = r["extra"]
+                    lines.append("")
+                    lines.append(
+                        f"{r['case']}: {e['shim_calls_per_run']} shim calls per run; "
+                        f"etmetal path: {e['delegate_path']}."
+                    )
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
