@@ -126,3 +126,31 @@ def test_cli_run_isolate(demos, tmp_path, capsys):
     assert main(["run", str(path), "--isolate", "--trust-native-code", "--runs", "3"]) == 0
     out = capsys.readouterr().out
     assert "output 0: torch.float32 [2, 64, 48]" in out
+
+
+class _DynamicBatch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        return torch.cat([self.lin(x).relu(), x[:, :2]], dim=-1)
+
+
+def test_isolated_dynamic_output_shapes_follow_the_inputs():
+    from etmetal.scripts.export import lower
+
+    module = _DynamicBatch().eval()
+    batch = torch.export.Dim("batch", min=2, max=8)
+    program, _ = lower(module, (torch.randn(8, 6),), target="host", dynamic_shapes=({0: batch},))
+    method = (
+        Runtime.get()
+        .load_program(program.buffer, trust_native_code=True, isolate=True)
+        .load_method("forward")
+    )
+    for n in (8, 3, 5, 2):
+        x = torch.randn(n, 6)
+        out = method.execute([x])[0]
+        with torch.no_grad():
+            torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
+    method.destroy()
