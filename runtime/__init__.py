@@ -14,10 +14,12 @@ from .errors import (
     EtmetalRuntimeError,
     ExecutionError,
     InputError,
+    IntegrityError,
     InvalidProgramError,
     MissingDelegateError,
     MissingKernelError,
     ResourceLimitError,
+    UntrustedNativeCodeError,
 )
 from .method import Method, MethodMeta, TensorSpec, ValueSpec
 from .program import Program, Runtime
@@ -29,6 +31,7 @@ __all__ = [
     "EtmetalRuntimeError",
     "ExecutionError",
     "InputError",
+    "IntegrityError",
     "InvalidProgramError",
     "Method",
     "MethodMeta",
@@ -38,6 +41,7 @@ __all__ = [
     "ResourceLimitError",
     "Runtime",
     "TensorSpec",
+    "UntrustedNativeCodeError",
     "ValueSpec",
     "lookup_delegate",
     "register_delegate",

@@ -50,5 +50,9 @@ class BackendExecutor(ABC):
         Non-tensor values are Python ints/floats/bools.
         """
 
+    def check_call(self, args: list[Any]) -> None:  # noqa: B027 - optional hook
+        """At load, once per delegate call: the values the call will pass, in order
+        (``None`` where a value is only known at run time). Raise to refuse the program."""
+
     def destroy(self) -> None:  # noqa: B027 - optional hook
         """Release everything ``init`` acquired."""

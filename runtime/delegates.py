@@ -8,6 +8,7 @@ over built-ins of the same id.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import warnings
 from importlib import metadata
@@ -52,11 +53,23 @@ def _load_entry_points() -> None:
                 )
 
 
+# the delegates etmetal ships: backend id -> (module in this package, class); imported on
+# first lookup, and found even if the registry was cleared; registered ids take precedence
+_BUILTINS = {"MetalBackend": ("metal_delegate", "MetalDelegate")}
+
+
+def _builtin(backend_id: str) -> type[BackendExecutor] | None:
+    spec = _BUILTINS.get(backend_id)
+    if spec is None:
+        return None
+    return getattr(importlib.import_module(f".{spec[0]}", __package__), spec[1])
+
+
 def lookup_delegate(backend_id: str) -> type[BackendExecutor] | None:
     _load_entry_points()
-    return _delegates.get(backend_id)
+    return _delegates.get(backend_id) or _builtin(backend_id)
 
 
 def registered_delegates() -> list[str]:
     _load_entry_points()
-    return sorted(_delegates)
+    return sorted(set(_delegates) | set(_BUILTINS))

@@ -50,3 +50,11 @@ class ExecutionError(EtmetalRuntimeError):
         self.method = method
         self.instruction = instruction
         super().__init__(message)
+
+
+class IntegrityError(InvalidProgramError):
+    """A blob in the program does not match the hash it is stored under (altered bytes)."""
+
+
+class UntrustedNativeCodeError(DelegateError):
+    """The program carries native code the caller did not opt in to running."""

@@ -223,6 +223,12 @@ class _Preparer:
             self.check_index(where, i, "argument")
         executor = executors[a.delegate_index]
         static, dyn = self.bind(list(a.args))
+        try:
+            executor.check_call(list(static))
+        except EtmetalRuntimeError:
+            raise
+        except Exception as exc:
+            raise self.fail(where, f"delegate {a.delegate_index} refused its call: {exc}") from exc
         checks = self.capacity_checks(list(a.args))
 
         def step():

@@ -4,6 +4,12 @@ The ``etmetal`` flow lowers exactly like the stock ``portable`` flow (no delegat
 only swaps the run stage: the serialized ``.pte`` runs in ``etmetal.runtime`` instead of
 the stock C++ runtime, so the two flows differ in nothing but the runtime.
 
+The ``metal_host`` flow is delegated: ``MetalPartitioner(target="host")`` lowers each case
+to AOTI ``.so`` delegates (with ``etmetal.backend_config()``), and etmetal's runtime runs
+the ``.pte`` through the Metal delegate (native code trusted: the suite compiled it here).
+The script reports how many of its passes really ran a delegated program and the most
+frequent failure causes (``--flows metal_host``).
+
 Used two ways:
 
 - as a pytest plugin (``-p etmetal.scripts.backend_suite``): registers the flow and fixes
@@ -19,6 +25,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +33,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 SEED_ENV = "ETMETAL_SUITE_SEED"
+DELEGATED_LOG_ENV = "ETMETAL_SUITE_DELEGATED_LOG"
 DEFAULT_SEED = 20260101
 
 
@@ -55,23 +63,94 @@ def _make_flow():
     return TestFlow("etmetal", backend="etmetal", tester_factory=EtmetalTester, is_delegated=False)
 
 
+def _make_metal_host_flow():
+    """``metal_host``: delegated to ``MetalPartitioner(target="host")``, run by etmetal."""
+    from executorch.backends.test.harness import Tester
+    from executorch.backends.test.harness.stages import (
+        Serialize,
+        StageType,
+        ToEdgeTransformAndLower,
+        ToExecutorch,
+    )
+    from executorch.backends.test.suite.flow import TestFlow
+    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
+    from torch.utils._pytree import tree_flatten
+
+    class MetalHostLower(ToEdgeTransformAndLower):
+        def __init__(self, partitioners=None, edge_compile_config=None):
+            from etmetal.partitioner.metal_partitioner import MetalPartitioner
+
+            # the stock stage keeps ``partitioners`` only when a default class is given too
+            super().__init__(
+                default_partitioner_cls=lambda: MetalPartitioner(target="host"),
+                partitioners=partitioners,
+                edge_compile_config=edge_compile_config,
+            )
+
+    class MetalHostToExecutorch(ToExecutorch):
+        def __init__(self, config=None):
+            from etmetal.backends.config import backend_config
+
+            super().__init__(
+                config
+                or backend_config(
+                    extract_delegate_segments=True,
+                    sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
+                )
+            )
+
+    class MetalHostSerialize(Serialize):
+        """The stock Serialize stage, run by etmetal's runtime (native code trusted: the
+        suite built it on this machine)."""
+
+        def run_artifact(self, inputs):
+            from etmetal.runtime import Runtime
+
+            log = os.environ.get(DELEGATED_LOG_ENV)
+            if log:  # the suite serializes only delegated programs: record which ran
+                with open(log, "a") as f:
+                    f.write(os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0] + "\n")
+            flat, _ = tree_flatten(inputs)
+            program = Runtime.get().load_program(self.buffer, trust_native_code=True)
+            method = program.load_method("forward")
+            try:
+                return copy.deepcopy(method.execute(list(flat)))
+            finally:
+                method.destroy()
+
+    class MetalHostTester(Tester):
+        def __init__(self, module, example_inputs, dynamic_shapes=None):
+            stages = Tester.default_stage_classes()
+            stages[StageType.TO_EDGE_TRANSFORM_AND_LOWER] = MetalHostLower
+            stages[StageType.TO_EXECUTORCH] = MetalHostToExecutorch
+            stages[StageType.SERIALIZE] = MetalHostSerialize
+            super().__init__(module, example_inputs, stages, dynamic_shapes=dynamic_shapes)
+
+    return TestFlow(
+        "metal_host", backend="metal", tester_factory=MetalHostTester, is_delegated=True
+    )
+
+
 ETMETAL_TEST_FLOW = None
+METAL_HOST_TEST_FLOW = None
 
 
 def _install() -> None:
     """Add the flow to the suite's registry and pin the input seed (plugin import time)."""
-    global ETMETAL_TEST_FLOW
+    global ETMETAL_TEST_FLOW, METAL_HOST_TEST_FLOW
     import executorch.backends.test.suite.flow as flow_module
     from executorch.backends.test.suite import reporting
 
     if getattr(flow_module.all_flows, "_etmetal", False):
         return
     ETMETAL_TEST_FLOW = _make_flow()
+    METAL_HOST_TEST_FLOW = _make_metal_host_flow()
     stock_all_flows = flow_module.all_flows
 
     def all_flows():
         flows = stock_all_flows()
         flows[ETMETAL_TEST_FLOW.name] = ETMETAL_TEST_FLOW
+        flows[METAL_HOST_TEST_FLOW.name] = METAL_HOST_TEST_FLOW
         return flows
 
     all_flows._etmetal = True
@@ -128,8 +207,49 @@ def run_flows(
         cmd += ["-k", keyword]
     if workers > 1:
         cmd += ["-n", str(workers)]
-    subprocess.run(cmd, cwd=out_dir, check=False, stdout=subprocess.DEVNULL)
+    env = dict(os.environ)
+    env[DELEGATED_LOG_ENV] = str(out_dir / "delegated.log")
+    subprocess.run(cmd, cwd=out_dir, check=False, stdout=subprocess.DEVNULL, env=env)
     return {flow: parse_junit(xml_path, flow) for flow in flows}
+
+
+def delegated_tests(out_dir: Path, flow: str) -> set[str]:
+    """Test ids (flow stripped) of ``flow`` whose program was delegated and run (the
+    ``metal_host`` flow records them; the suite serializes only delegated programs)."""
+    log = out_dir / "delegated.log"
+    if not log.exists():
+        return set()
+    ids = set()
+    for line in log.read_text().splitlines():
+        if f"[{flow}-" not in line and f"[{flow}]" not in line:
+            continue
+        path, *scopes = line.split("::")  # file::[Class::]test[params]
+        name = scopes[-1].replace(f"[{flow}-", "[").replace(f"[{flow}]", "")
+        classname = ".".join([f"{Path(path).parent.name}.{Path(path).stem}", *scopes[:-1]])
+        ids.add(f"{classname}::{name}")
+    return ids
+
+
+_ERROR_LINE = re.compile(r"^E\s+((?:[\w.]+)(?:Error|Exception|Failure)\b.*)$", re.MULTILINE)
+
+
+def failure_causes(xml_path: Path, flow: str, top: int = 10) -> list[tuple[int, str]]:
+    """The most frequent root errors of ``flow``'s failed cases: (count, message)."""
+    counts: dict[str, int] = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if f"[{flow}-" not in name and f"[{flow}]" not in name:
+            continue
+        node = case.find("failure")
+        if node is None:
+            node = case.find("error")
+        if node is None:
+            continue
+        lines = [m for m in _ERROR_LINE.findall(node.text or "") if "Test failure." not in m]
+        cause = lines[0] if lines else (node.get("message") or "?")
+        cause = re.sub(r"\d+", "N", cause)[:160]  # group messages differing in numbers
+        counts[cause] = counts.get(cause, 0) + 1
+    return sorted(((n, c) for c, n in counts.items()), reverse=True)[:top]
 
 
 def parse_junit(xml_path: Path, flow: str) -> dict[str, str]:
@@ -177,16 +297,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", dest="workers", type=int, default=1, help="xdist workers")
     parser.add_argument("--json", default=None, help="write the summary here")
     args = parser.parse_args(argv)
+    extra: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="etmetal-suite-") as tmp:
         results = run_flows(
             args.flows, Path(tmp), files=args.files, keyword=args.keyword, workers=args.workers
         )
+        xml_path = Path(tmp) / "suite.xml"
+        for f in args.flows:
+            extra[f] = {"failure_causes": failure_causes(xml_path, f) if xml_path.exists() else []}
+            delegated = delegated_tests(Path(tmp), f)
+            if delegated:
+                extra[f]["delegated_pass"] = sorted(
+                    t for t, v in results[f].items() if v == "pass" and t in delegated
+                )
     summary = compare(results)
+    summary["details"] = extra
     for flow, counts in summary["counts"].items():
         print(
             f"{flow:>10}: {counts['pass']} passed, {counts['fail']} failed, "
             f"{counts['skip']} skipped of {counts['total']}"
         )
+    for flow, info in extra.items():
+        if "delegated_pass" in info:
+            passed = summary["counts"][flow]["pass"]
+            print(
+                f"{flow:>10}: {len(info['delegated_pass'])} of {passed} passes ran delegated "
+                "programs (the rest lowered nothing to the delegate)"
+            )
+        if info["failure_causes"]:
+            print(f"{flow:>10}: top failure causes:")
+            for n, cause in info["failure_causes"]:
+                print(f"    {n:4d}  {cause}")
     for label, cases in summary["regressions"].items():
         print(f"{label}: {len(cases)}")
         for case in cases:

@@ -1,0 +1,249 @@
+"""The ``MetalBackend`` delegate at run time: an AOTI ``.so`` executed through etmetal's shims.
+
+A Metal delegate's processed bytes name two named-data entries, ``<sha256>_so_blob``
+and ``<sha256>_weights_blob`` (upstream's layout; the program or an external ``.ptd``
+holds the bytes). ``init`` checks both blobs against the hashes in their keys, refuses
+native code the caller did not trust, writes the ``.so`` into a private directory,
+loads it through the shim bridge and creates the model container with its constants
+borrowed from the weights blob. ``execute`` lends the runtime's planned input memory
+to the ``.so`` (no copy) and copies the results into the planned outputs.
+
+Trust: a ``.so`` is native code with the caller's privileges, so it runs only when
+one of these holds (checked in this order):
+
+- ``load_program(..., trust_native_code=True)``;
+- the ``.so``'s sha256 is in ``load_program(..., trusted_blob_hashes=[...])`` or in
+  ``$ETMETAL_TRUSTED_BLOBS`` (comma-separated hex digests, with or without the
+  ``_so_blob`` suffix);
+- ``$ETMETAL_TRUST_NATIVE_CODE=1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .backend_interface import BackendExecutor, BackendInitContext
+from .delegates import register_delegate
+from .errors import DelegateError, IntegrityError, InvalidProgramError, UntrustedNativeCodeError
+from .layout import resize_in_dim_order
+
+BACKEND_ID = "MetalBackend"
+SO_SUFFIX = "_so_blob"
+WEIGHTS_SUFFIX = "_weights_blob"
+TRUST_ENV = "ETMETAL_TRUST_NATIVE_CODE"
+TRUSTED_BLOBS_ENV = "ETMETAL_TRUSTED_BLOBS"
+# compile-spec target values this runtime can execute (an mps .so needs Metal)
+RUNNABLE_TARGETS = ("host",)
+_TMP_PREFIX = "etmetal-delegate-"
+
+
+def parse_processed(processed: bytes, where: str) -> tuple[str, str]:
+    """(so key, weights key) named by a Metal delegate's processed bytes."""
+    try:
+        lines = bytes(processed).decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = []
+    if (
+        len(lines) != 2
+        or not lines[0].endswith(SO_SUFFIX)
+        or not lines[1].endswith(WEIGHTS_SUFFIX)
+        or not all(_digest(k) for k in lines)
+    ):
+        raise InvalidProgramError(
+            f"{where}: processed bytes are not a Metal AOTI blob reference "
+            f"('<sha256>{SO_SUFFIX}\\n<sha256>{WEIGHTS_SUFFIX}'): {bytes(processed[:120])!r}"
+        )
+    return lines[0], lines[1]
+
+
+def _digest(key: str) -> str:
+    """The hex sha256 a blob key starts with ("" if the key has none)."""
+    head = key.rsplit("_", 2)[0]
+    ok = len(head) == 64 and all(c in "0123456789abcdef" for c in head)
+    return head if ok else ""
+
+
+def _target(compile_specs: Sequence[tuple[str, bytes]]) -> str | None:
+    for key, value in compile_specs:
+        if key == "target":
+            return bytes(value).decode("utf-8", errors="replace")
+    return None
+
+
+def trusted_hashes_from_env() -> frozenset[str]:
+    raw = os.environ.get(TRUSTED_BLOBS_ENV, "")
+    return frozenset(_digest(h.strip().lower()) or h.strip().lower() for h in raw.split(",") if h)
+
+
+def is_trusted(context: BackendInitContext, so_digest: str) -> bool:
+    if context.trust_native_code:
+        return True
+    allowed = {_digest(h.lower()) or h.lower() for h in context.trusted_blob_hashes}
+    if so_digest in allowed or so_digest in trusted_hashes_from_env():
+        return True
+    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _named_blob(context: BackendInitContext, key: str, where: str) -> memoryview:
+    try:
+        blob = context.get_named_data(key)
+    except KeyError:
+        raise InvalidProgramError(
+            f"{where}: named data {key!r} is in neither the program nor its data files; if the "
+            "program was exported with external data, pass its .ptd to "
+            "load_program(..., data_files=[...])"
+        ) from None
+    view = memoryview(blob)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _check_integrity(blob: memoryview, key: str, what: str, where: str) -> None:
+    actual = hashlib.sha256(blob).hexdigest()
+    if actual != _digest(key):
+        raise IntegrityError(
+            f"{where}: the {what} blob does not match its key: sha256 {actual}, key {key!r} "
+            f"({len(blob)} bytes); the program was altered or corrupted after export"
+        )
+
+
+def write_private_so(so: memoryview) -> tuple[Path, Path]:
+    """Write the ``.so`` into a fresh private directory (mode 0700); returns (dir, file)."""
+    directory = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX))  # 0700, unpredictable name
+    try:
+        path = directory / "delegate.so"
+        # O_EXCL | O_NOFOLLOW: never write through a planted file or symlink
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
+        with os.fdopen(fd, "wb") as f:
+            f.write(so)
+        return directory, path
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+@register_delegate(BACKEND_ID)
+class MetalDelegate(BackendExecutor):
+    """One Metal (AOTI) delegate blob, loaded and ready to execute."""
+
+    def __init__(self, model, directory: Path, where: str, weights: memoryview) -> None:
+        self._model = model
+        self._dir = directory
+        self._where = where
+        self._weights = weights  # constants borrow these bytes until destroy
+        self.num_inputs: int = model.num_inputs
+        self.num_outputs: int = model.num_outputs
+        self.so_digest = ""
+        self._out_capacity: list[int | None] | None = None  # set by check_call
+
+    @classmethod
+    def init(
+        cls,
+        context: BackendInitContext,
+        processed: bytes,
+        compile_specs: Sequence[tuple[str, bytes]],
+    ) -> MetalDelegate:
+        where = f"method {context.method_name!r}: {BACKEND_ID} delegate"
+        target = _target(compile_specs)
+        if target is not None and target not in RUNNABLE_TARGETS:
+            raise DelegateError(
+                f"{where}: compiled for target {target!r}; etmetal's runtime runs "
+                f"{', '.join(RUNNABLE_TARGETS)} code only (run {target!r} programs with "
+                "ExecuTorch's Metal runtime on macOS, or export with target='host')"
+            )
+        so_key, weights_key = parse_processed(processed, where)
+        so = _named_blob(context, so_key, where)
+        weights = _named_blob(context, weights_key, where)
+        _check_integrity(so, so_key, ".so", where)
+        _check_integrity(weights, weights_key, "weights", where)
+        digest = _digest(so_key)
+        if not is_trusted(context, digest):
+            raise UntrustedNativeCodeError(
+                f"{where}: the program contains native code (an AOTI .so, sha256 {digest}) and "
+                "running it gives the file your process's privileges. Load it only if you trust "
+                "where it came from, by one of: load_program(..., trust_native_code=True); "
+                f"load_program(..., trusted_blob_hashes=['{digest}']); "
+                f"{TRUSTED_BLOBS_ENV}={digest}; {TRUST_ENV}=1; "
+                "or `etmetal run --trust-native-code`"
+            )
+        from etmetal.shims import AotiModel  # the bridge is built on first use
+
+        directory, so_path = write_private_so(so)
+        try:
+            model = AotiModel(so_path, weights if len(weights) else None)
+        except BaseException as exc:
+            shutil.rmtree(directory, ignore_errors=True)
+            if isinstance(exc, Exception):
+                raise DelegateError(f"{where}: loading the .so failed: {exc}") from exc
+            raise
+        self = cls(model, directory, where, weights)
+        self.so_digest = digest
+        return self
+
+    def check_call(self, args: list) -> None:
+        """At load: the delegate call passes as many inputs and outputs as the ``.so`` takes."""
+        expected = self.num_inputs + self.num_outputs
+        if len(args) != expected:
+            raise InvalidProgramError(
+                f"{self._where}: the delegate call passes {len(args)} values, the .so takes "
+                f"{self.num_inputs} inputs and {self.num_outputs} outputs"
+            )
+        for i, value in enumerate(args):
+            if value is not None and not isinstance(value, torch.Tensor):
+                kind = "input" if i < self.num_inputs else "output"
+                raise InvalidProgramError(
+                    f"{self._where}: call value {i} ({kind}) is a {type(value).__name__}; "
+                    "the .so takes tensors only"
+                )
+        # at load, planned tensors have their upper-bound sizes: what an output may grow to
+        self._out_capacity = [
+            t.numel() if isinstance(t, torch.Tensor) else None for t in args[self.num_inputs :]
+        ]
+
+    def execute(self, args: list) -> None:
+        n_in = self.num_inputs
+        if len(args) != n_in + self.num_outputs:
+            raise DelegateError(
+                f"{self._where}: called with {len(args)} values, expected "
+                f"{n_in} inputs + {self.num_outputs} outputs"
+            )
+        model = self._model
+        if model is None:
+            raise DelegateError(f"{self._where}: executed after destroy")
+        results = model.run(args[:n_in])
+        for i, (dst, src) in enumerate(zip(args[n_in:], results)):
+            if dst.dtype != src.dtype:
+                raise DelegateError(
+                    f"{self._where}: output {i} is {src.dtype}, the program planned {dst.dtype}"
+                )
+            if dst.shape != src.shape:  # dynamic shapes: stay within the planned memory
+                capacity = self._out_capacity[i] if self._out_capacity else None
+                if capacity is None:
+                    storage = dst.untyped_storage().nbytes() // dst.element_size()
+                    capacity = storage - dst.storage_offset()
+                resize_in_dim_order(dst, src.shape, capacity)
+            dst.copy_(src)
+
+    def destroy(self) -> None:
+        model, self._model = self._model, None
+        try:
+            if model is not None:
+                # container and constants freed; the .so stays mapped: AOTI's .so has
+                # STB_GNU_UNIQUE symbols, which make glibc's dlclose a no-op
+                model.close()
+        finally:
+            self._weights = None
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finalizer
+            self.destroy()

@@ -1,0 +1,43 @@
+"""Shared lowered programs for the delegate tests (AOTI artifacts come from the compile cache)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from etmetal.scripts.export import lower
+
+# pytest runs with --import-mode=importlib: make this folder's helper modules importable
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+class Lowered:
+    """One module lowered with ``MetalPartitioner(target="host")``: the ``.pte`` and its ops."""
+
+    def __init__(self, module: torch.nn.Module, inputs: tuple, **kwargs) -> None:
+        self.module = module.eval()
+        self.inputs = inputs
+        program, self.partitioner = lower(module, inputs, target="host", **kwargs)
+        self.pte: bytes = program.buffer
+
+
+@pytest.fixture(scope="session")
+def lowered_cache() -> dict[str, Lowered]:
+    return {}
+
+
+@pytest.fixture(scope="session")
+def lowered(lowered_cache):
+    """``lowered(key, make)``: ``make()`` returns (module, inputs[, lower kwargs]); cached."""
+
+    def get(key: str, make) -> Lowered:
+        if key not in lowered_cache:
+            made = make()
+            kwargs = made[2] if len(made) > 2 else {}
+            lowered_cache[key] = Lowered(made[0], made[1], **kwargs)
+        return lowered_cache[key]
+
+    return get
