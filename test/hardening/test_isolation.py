@@ -154,3 +154,24 @@ def test_isolated_dynamic_output_shapes_follow_the_inputs():
         with torch.no_grad():
             torch.testing.assert_close(out, module(x), atol=1e-5, rtol=1e-5)
     method.destroy()
+
+
+def test_killed_worker_leaves_no_so_directory_behind(demos):
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    demo = demos["patch_embedding"]
+    program = Runtime.get().load_program(demo.pte, trust_native_code=True, isolate=True)
+    method = program.load_method("forward")
+    method.execute(demo.inputs)
+    pid = method.isolation.worker_pid
+    tmp = Path(tempfile.gettempdir())
+    assert list(tmp.glob(f"etmetal-delegate-{pid}-*"))  # the worker's private .so directory
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(EtmetalRuntimeError, match="SIGKILL"):
+        method.execute(demo.inputs)
+    assert not list(tmp.glob(f"etmetal-delegate-{pid}-*"))  # swept: its owner is dead
+    out = method.execute(demo.inputs)[0]
+    torch.testing.assert_close(out, demo.expected, atol=1e-4, rtol=1e-4)
+    method.destroy()
