@@ -1,8 +1,7 @@
 """``etmetal bench all``: run every suite, each in its own process, and write BENCHMARKS.md.
 
-A fresh process per suite keeps them apart: etmetal's shim bridge, once loaded, puts
-its ``aoti_torch_*`` symbols in the global scope, and memory or caches one suite
-leaves behind would colour the next. Each suite writes JSON; this module collects
+A fresh process per suite keeps them apart: memory or caches one suite leaves behind
+would colour the next. Each suite writes JSON; this module collects
 it and renders the markdown from those numbers only.
 """
 

@@ -41,15 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def torch_runner(so_path: Path, weights_path: Path):
-    """torch's own AOTI runner over a ``link_libtorch=True`` build, weights from the blob."""
-    from etmetal.shims import bridge
+    """torch's own AOTI runner over a ``link_libtorch=True`` build, weights from the blob.
 
-    if bridge._BRIDGE is not None:
-        # the .so would bind its aoti_torch_* calls to etmetal's trampolines, not libtorch
-        raise SystemExit(
-            "bench delegate: etmetal's shim bridge is already loaded in this process, so "
-            "torch's runner cannot load its .so; run the suite in a fresh process"
-        )
+    etmetal's bridge stays out of the global symbol scope, so this works whether or not
+    etmetal has loaded models in this process already.
+    """
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(so_path), 1)
     if weights_path.stat().st_size:  # a model without constants has an empty blob
         runner.update_constant_buffer_from_blob(str(weights_path))
@@ -95,12 +91,7 @@ class _Prepared:
 
 
 def prepare(name: str, args: argparse.Namespace) -> _Prepared:
-    """Compile both builds and create torch's runner.
-
-    Every torch runner is created before etmetal's bridge is loaded: the bridge puts its
-    ``aoti_torch_*`` trampolines in the global symbol scope, and a ``link_libtorch=True``
-    ``.so`` loaded after that would bind its shims to etmetal instead of libtorch.
-    """
+    """Compile both builds and create torch's runner."""
     from etmetal.backends.aoti_compile import compile_exported_program
 
     spec = models(args.scale)[name]

@@ -84,13 +84,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _driver(tmp: Path):
+def _driver(tmp: Path, bridge_path: Path):
+    """The driver links the bridge by path, like a model's wrapper: the bridge is RTLD_LOCAL."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise SystemExit("etmetal bench shims: needs a C compiler")
     src, so = tmp / "driver.c", tmp / "driver.so"
     src.write_text(_DRIVER)
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    link = ["-Wl,--no-as-needed", str(bridge_path)]
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(so), str(src), *link], check=True)
     lib = ctypes.PyDLL(str(so), mode=os.RTLD_NOW | os.RTLD_LOCAL)
     lib.etm_bench.restype = ctypes.c_double
     lib.etm_bench.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -100,9 +102,9 @@ def _driver(tmp: Path):
 def bench_calls(n: int) -> dict[str, float]:
     from etmetal.shims import load_bridge
 
-    load_bridge()
+    bridge = load_bridge()
     with tempfile.TemporaryDirectory(prefix="etmetal-bench-") as tmp:
-        lib = _driver(Path(tmp))
+        lib = _driver(Path(tmp), bridge.path)
         lib.etm_bench(0, 1000)  # warm up
         out = {}
         for which, name in PATTERNS.items():

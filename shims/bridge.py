@@ -9,32 +9,28 @@ pointer that is set, at load, to a ctypes callback of the Python implementation.
 so the model container turns it into an error code.
 
 It is compiled with the system C++ compiler on first use and cached by content hash
-under ``<cache>/bridge/`` (rebuilt if missing), then loaded with RTLD_GLOBAL so
-that a model ``.so`` loaded afterwards binds to it. torch loads libtorch
-RTLD_LOCAL, so libtorch's own shims are not candidates. ``Bridge.calls`` counts
-calls that reached etmetal; ``AotiModel`` uses it to prove the binding.
+under ``<cache>/bridge/`` (rebuilt if missing), then loaded RTLD_LOCAL: its symbols
+never enter the process-wide scope, so a ``link_libtorch=True`` ``.so`` loaded later
+(torch's own runner) still binds to libtorch. A model reaches the bridge through a
+per-model wrapper (``native.link_wrapper``) that needs the bridge and the model, and
+is itself loaded RTLD_LOCAL. ``Bridge.calls`` counts calls that reached etmetal;
+``AotiModel`` uses it to prove the binding.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from pathlib import Path
 
-from . import abi, core, fallbacks, getters  # noqa: F401 - importing registers the shims
+from . import abi, core, fallbacks, getters, state  # noqa: F401 - importing registers the shims
 from .dtypes import constant_shims
+from .native import NativeBuildError, build_shared, cache_root
 from .registry import SHIMS
 from .state import record_error
 
 CHECK_SHIM = "aoti_torch_check"
-_FORMAT = 1
 
 
 class BridgeError(RuntimeError):
@@ -42,15 +38,55 @@ class BridgeError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("ETMETAL_CACHE_DIR")
-    if env:
-        return Path(env) / "bridge"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "etmetal" / "bridge"
+    return cache_root() / "bridge"
 
 
 def _params(decl: abi.Decl) -> str:
     return ", ".join(f"{t} a{i}" for i, t in enumerate(decl.argtypes)) or "void"
+
+
+# getters answered from the handle's record in C (no Python call): condition, body
+_NATIVE_GETTERS = {
+    "aoti_torch_get_data_ptr": ("a1", "*(void**)a1 = (void*)(intptr_t)r->data_ptr;"),
+    "aoti_torch_get_dim": ("a1", "*(int64_t*)a1 = r->dim;"),
+    "aoti_torch_get_sizes": ("a1", "*(int64_t**)a1 = r->sizes;"),
+    "aoti_torch_get_strides": ("a1", "*(int64_t**)a1 = r->strides;"),
+    "aoti_torch_get_dtype": ("a1", "*(int32_t*)a1 = r->dtype;"),
+    "aoti_torch_get_device_type": ("a1", "*(int32_t*)a1 = r->device_type;"),
+    "aoti_torch_get_device_index": ("a1", "*(int32_t*)a1 = 0;"),
+    "aoti_torch_get_storage_offset": ("a1", "*(int64_t*)a1 = r->offset;"),
+    "aoti_torch_get_numel": ("a1", "*(int64_t*)a1 = r->numel;"),
+    "aoti_torch_get_size": (
+        "a2 && a1 >= -r->dim && a1 < r->dim",
+        "*(int64_t*)a2 = r->sizes[a1 < 0 ? a1 + r->dim : a1];",
+    ),
+    "aoti_torch_get_stride": (
+        "a2 && a1 >= -r->dim && a1 < r->dim",
+        "*(int64_t*)a2 = r->strides[a1 < 0 ? a1 + r->dim : a1];",
+    ),
+}
+
+
+# thread-global mode flags kept in C: AOTI toggles grad mode around every run
+_NATIVE_BODIES = {
+    "aoti_torch_grad_mode_is_enabled": "return etm_grad_enabled;",
+    "aoti_torch_grad_mode_set_enabled": "etm_grad_enabled = a0; return;",
+}
+
+
+def _native_path(decl: abi.Decl) -> str:
+    body = _NATIVE_BODIES.get(decl.name)
+    if body is not None:
+        return f"  __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);\n  {body}\n"
+    fast = _NATIVE_GETTERS.get(decl.name)
+    if fast is None:
+        return ""
+    cond, body = fast
+    return (
+        "  { etm_rec* r = etm_rec_of(a0);\n"
+        f"    if (r && {cond}) {{ __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED); "
+        f"{body} return 0; }} }}\n"
+    )
 
 
 def _forwarder(decl: abi.Decl) -> str:
@@ -66,6 +102,7 @@ def _forwarder(decl: abi.Decl) -> str:
         f"typedef {decl.restype} (*etm_fn_{n})({ftype});\n"
         f"ETM_EXPORT etm_fn_{n} etm_fp_{n} = nullptr;\n"
         f"ETM_EXPORT {decl.restype} {n}({_params(decl)}) {{\n"
+        f"{_native_path(decl)}"
         f"  __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);\n"
         f"  etm_fn_{n} f = etm_fp_{n};\n"
         f'  if (!f) {{ etm_last_unbound = "{n}"; {unbound} }}\n'
@@ -89,6 +126,24 @@ extern "C" {
 ETM_EXPORT uint64_t etm_calls = 0;
 ETM_EXPORT const char* etm_last_unbound = nullptr;
 ETM_EXPORT char etm_check_message[1024] = {0};
+ETM_EXPORT bool etm_grad_enabled = false;
+// per-handle records (state.Records writes them): a handle is its record's address
+typedef struct {
+  int64_t live, data_ptr, dim, offset, numel;
+  int32_t dtype, device_type;
+  int64_t sizes[8];
+  int64_t strides[8];
+} etm_rec;
+static_assert(sizeof(etm_rec) == 176, "state.Records.SIZE");
+#define ETM_NREC 16384
+ETM_EXPORT int64_t etm_nrec = ETM_NREC;
+ETM_EXPORT etm_rec etm_recs[ETM_NREC];
+static inline etm_rec* etm_rec_of(void* h) {
+  uintptr_t o = (uintptr_t)h - (uintptr_t)etm_recs;
+  if (o >= sizeof(etm_recs) || o % sizeof(etm_rec)) return nullptr;
+  etm_rec* r = (etm_rec*)h;
+  return r->live ? r : nullptr;
+}
 ETM_EXPORT void aoti_torch_check(bool cond, const char* func, const char* file, uint32_t line,
                                  const char* msg) {
   if (cond) return;
@@ -121,38 +176,15 @@ def generate_source() -> str:
     return "".join(parts)
 
 
-def _compiler() -> str:
-    for cand in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)  # type: ignore[return-value]
-    raise BridgeError("no C++ compiler found (set CXX, or install g++)")
-
-
 def build(source: str | None = None) -> Path:
     """Compile the trampoline if the cache has no build of this exact source; return its path."""
     source = generate_source() if source is None else source
-    cxx = _compiler()
-    key = hashlib.sha256(
-        f"{_FORMAT}|{cxx}|{platform.machine()}|{sys.platform}\n{source}".encode()
-    ).hexdigest()[:24]
-    out_dir = cache_dir() / key
-    lib = out_dir / "libetmetal_bridge.so"
-    if lib.exists():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        src = Path(tmp) / "bridge.cpp"
-        src.write_text(source)
-        tmp_lib = Path(tmp) / lib.name
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(tmp_lib), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BridgeError(
-                f"compiling the shim trampoline failed ({' '.join(cmd)}):\n{proc.stderr}"
-            )
-        shutil.copy2(src, out_dir / "bridge.cpp")
-        os.replace(tmp_lib, lib)  # atomic: concurrent builders agree on the content
-    return lib
+    try:
+        return build_shared(
+            "bridge", "libetmetal_bridge.so", source, lang="c++", flags=("-O2", "-std=c++17")
+        )
+    except NativeBuildError as exc:
+        raise BridgeError(f"the shim trampoline: {exc}") from exc
 
 
 def _fail(name: str, exc: BaseException) -> None:
@@ -188,10 +220,11 @@ class Bridge:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+            self.lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise BridgeError(f"loading the shim trampoline {path} failed: {exc}") from exc
         self._calls = ctypes.c_uint64.in_dll(self.lib, "etm_calls")
+        self.counter = self._calls  # ``counter.value``: ``calls`` without the property call
         self._callbacks = []  # strong references: C holds raw pointers to these
         self.forwarded: dict[str, abi.Decl] = {}
         for decl in forwarded_decls():
@@ -204,6 +237,10 @@ class Bridge:
         self.constants = {n: v for n, v in constant_shims().items() if hasattr(self.lib, n)}
         self.exported = frozenset(self.forwarded) | frozenset(self.constants) | {CHECK_SHIM}
         self._functions: dict[str, ctypes._CFuncPtr] = {}
+        count = ctypes.c_int64.in_dll(self.lib, "etm_nrec").value
+        recs = (ctypes.c_char * (count * state.Records.SIZE)).in_dll(self.lib, "etm_recs")
+        self._records_memory = recs  # keep the ctypes view alive with the bridge
+        state.RECORDS = state.Records(ctypes.addressof(recs), memoryview(recs).cast("B"), count)
 
     @property
     def calls(self) -> int:
@@ -217,23 +254,14 @@ class Bridge:
         ).decode(errors="replace")
 
     def shadowed(self, names) -> list[str]:
-        """Those of ``names`` that the process's global scope resolves to another library.
+        """Those of ``names`` that the process's global scope defines (it is not etmetal).
 
-        A model ``.so`` resolves its undefined symbols through the global scope; if a
-        library loaded RTLD_GLOBAL before the trampoline defines one, the ``.so`` would
-        bind to it instead of etmetal.
+        A model ``.so`` resolves its undefined symbols through the global scope before
+        its wrapper's local group; if a library loaded RTLD_GLOBAL defines one, the
+        ``.so`` would bind to it instead of etmetal.
         """
         scope = ctypes.CDLL(None)  # dlopen(NULL): the global lookup scope
-        out = []
-        for name in names:
-            ours = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
-            try:
-                seen = ctypes.cast(getattr(scope, name), ctypes.c_void_p).value
-            except AttributeError:
-                seen = None
-            if seen != ours:
-                out.append(name)
-        return sorted(out)
+        return sorted(n for n in names if hasattr(scope, n))
 
     def c_function(self, name: str) -> ctypes._CFuncPtr:
         """The exported C function ``name`` with its exact signature, callable from Python."""

@@ -15,7 +15,8 @@ import torch
 
 from . import state
 from .bridge import Bridge, BridgeError, load_bridge
-from .storage import HOST_ALLOCATOR, ShimError, Storage, tensor_from_torch
+from .native import NativeBuildError, link_wrapper
+from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor, tensor_from_torch
 
 
 class AotiModelError(RuntimeError):
@@ -92,11 +93,18 @@ class AotiModel:
             if shadowed:
                 raise BridgeError(
                     f"{self.so_path.name} would bind {shadowed} to a library loaded into the "
-                    "global scope before etmetal's trampoline, not to etmetal"
+                    "process-wide (RTLD_GLOBAL) scope, not to etmetal"
                 )
         try:
-            # PyDLL: keep the GIL across the call so the shim callbacks need not re-take it
-            self._lib = ctypes.PyDLL(str(self.so_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            # the wrapper groups bridge + model in one local scope: the model's shims bind
+            # to the bridge without either entering the process-wide scope
+            self.wrapper_path = link_wrapper([self._bridge.path, self.so_path])
+        except NativeBuildError as exc:
+            raise AotiModelError(f"linking a loader for {self.so_path} failed: {exc}") from exc
+        try:
+            # PyDLL: keep the GIL across the call so the shim callbacks need not re-take it;
+            # symbols are looked up in the wrapper's group, i.e. in the model
+            self._lib = ctypes.PyDLL(str(self.wrapper_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob)
@@ -159,6 +167,9 @@ class AotiModel:
         try:
             self.num_inputs = self._size("AOTInductorModelContainerGetNumInputs")
             self.num_outputs = self._size("AOTInductorModelContainerGetNumOutputs")
+            self._in_arr = (ctypes.c_void_p * max(self.num_inputs, 1))()
+            self._out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
+            self._input_cache: dict[tuple, Tensor] = {}
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
             if num_constants:
                 need = self._size("AOTInductorModelContainerGetConstantsBlobSize")
@@ -184,6 +195,29 @@ class AotiModel:
 
     # --- running --------------------------------------------------------------------------
 
+    def _describe_input(self, i: int, t: torch.Tensor) -> Tensor:
+        """The shim tensor borrowing input ``t``, reused while ``t``'s memory and geometry are.
+
+        The borrowed storage holds no reference to the caller's memory between runs
+        (its ATen views are built lazily and dropped when the run's handles go), so the
+        cache keeps nothing alive; its key pins the address, extent, shape and dtype.
+        """
+        untyped = t.untyped_storage()
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, untyped.data_ptr(), untyped.nbytes())
+        desc = self._input_cache.get(key)
+        if desc is None:
+            if not t.is_cpu:
+                raise AotiModelError(f"input {i}: expected a cpu torch.Tensor, got {t!r:.80}")
+            storage = Storage(untyped.data_ptr(), untyped.nbytes(), owned=False)
+            try:
+                desc = tensor_from_torch(t, storage)
+            except ShimError as exc:
+                raise AotiModelError(f"input {i}: {exc}") from exc
+            if len(self._input_cache) >= 4 * max(self.num_inputs, 1):
+                self._input_cache.clear()  # inputs keep changing: do not grow without bound
+            self._input_cache[key] = desc
+        return desc
+
     def _input_handles(self, inputs: Sequence[torch.Tensor]) -> list[int]:
         if len(inputs) != self.num_inputs:
             raise AotiModelError(
@@ -192,12 +226,9 @@ class AotiModel:
         handles = []
         try:
             for i, t in enumerate(inputs):
-                if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                if not isinstance(t, torch.Tensor):
                     raise AotiModelError(f"input {i}: expected a cpu torch.Tensor, got {t!r:.80}")
-                try:
-                    handles.append(state.register(tensor_from_torch(t, Storage.borrow_tensor(t))))
-                except ShimError as exc:
-                    raise AotiModelError(f"input {i}: {exc}") from exc
+                handles.append(state.register(self._describe_input(i, t)))
         except BaseException:
             for h in handles:
                 state.unregister(h)
@@ -248,7 +279,10 @@ class AotiModel:
                 f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
             )
         with state.RUN_LOCK:
-            previous = state.set_materialize(self.materialize)
+            previous = state.FLAGS.materialize
+            if previous == self.materialize:  # the usual case: nothing to switch
+                return self._run_locked(inputs, outputs)
+            state.set_materialize(self.materialize)
             try:
                 return self._run_locked(inputs, outputs)
             finally:
@@ -256,26 +290,31 @@ class AotiModel:
 
     def _run_locked(self, inputs, outputs) -> list[torch.Tensor]:
         handles = self._input_handles(inputs)
-        in_arr = (ctypes.c_void_p * max(len(handles), 1))(*handles)
-        out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
-        before = self._bridge.calls
+        in_arr, out_arr = self._in_arr, self._out_arr  # reused: one run at a time (RUN_LOCK)
+        for i, h in enumerate(handles):
+            in_arr[i] = h
+        for i in range(self.num_outputs):
+            out_arr[i] = None
+        calls = self._bridge.counter
+        before = calls.value
         if self._first_run:
             rc = self._first_run_call(in_arr, len(handles), out_arr)
         else:
             rc = self._run_fn(
                 self._container, in_arr, len(handles), out_arr, self.num_outputs, None, None
             )
-        produced = [out_arr[i] for i in range(self.num_outputs)]
+        produced = out_arr[: self.num_outputs]
         # inputs are stolen by the container; release any it left behind (e.g. on failure)
+        live = state.HANDLES
         for h in handles:
-            if h in state.HANDLES and h not in produced:
+            if h in live and h not in produced:
                 state.unregister(h)
         if rc != 0:
             for h in produced:
                 if h and h in state.HANDLES:
                     state.unregister(h)
             self._check(rc, "run")
-        if self._bridge.calls == before:
+        if calls.value == before:
             raise BridgeError(
                 f"{self.so_path.name}: a run made no shim call that reached etmetal; the .so is "
                 "bound to another aoti_torch implementation"

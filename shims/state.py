@@ -9,7 +9,9 @@ count drops to zero it is released (owned memory freed, borrowed left alone).
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor
@@ -73,13 +75,78 @@ def record_error(shim: str, message: str) -> None:
     FLAGS.errors += 1
 
 
+class Records:
+    """The bridge's C-side per-handle records: a handle is the address of its record.
+
+    The record holds what the hot read-only getters return (data pointer, dim, sizes,
+    strides, dtype, device, offset, numel), so the trampoline answers them without
+    calling Python. Written once when a handle is created (tensors never change shape
+    in place), marked dead when it is deleted. Layout: see ``bridge._RECORD_C``.
+    """
+
+    MAX_DIMS = 8
+    SIZE = 176  # 5 int64 + 2 int32 + 2 x int64[8]
+
+    def __init__(self, base: int, memory: memoryview, count: int) -> None:
+        self.base, self.end, self.memory = base, base + count * self.SIZE, memory
+        # FIFO reuse: a stale handle (double delete, use after delete) stays dead for as
+        # long as possible, so it is reported instead of aliasing a new tensor
+        self.free = deque(range(count))
+        self._packers = [
+            struct.Struct(f"=5q2i{d}q{8 * (8 - d)}x{d}q").pack_into
+            for d in range(self.MAX_DIMS + 1)
+        ]
+        self._dead = struct.Struct("=q").pack_into
+
+    def contains(self, handle: int) -> bool:
+        return self.base <= handle < self.end
+
+    def new(self, t: Tensor) -> int:
+        """A record for ``t``; 0 when none is free or ``t`` has too many dims."""
+        d = len(t.sizes)
+        if d > self.MAX_DIMS or not self.free:
+            return 0
+        slot = self.free.popleft()
+        off = slot * self.SIZE
+        numel = 1
+        for n in t.sizes:
+            numel *= n
+        self._packers[d](
+            self.memory,
+            off,
+            1,
+            t.data_ptr,
+            d,
+            t.offset,
+            numel,
+            t.dtype,
+            t.storage.device_type,
+            *t.sizes,
+            *t.strides,
+        )
+        return self.base + off
+
+    def delete(self, handle: int) -> None:
+        off = handle - self.base
+        self._dead(self.memory, off, 0)
+        self.free.append(off // self.SIZE)
+
+
+RECORDS: Records | None = None  # set when the bridge is loaded
+
+
 def register(tensor: Tensor) -> int:
     """Give ``tensor`` a new handle and count it on its storage."""
     storage = tensor.storage
     if storage.count == 0:
         LIVE_STORAGES[id(storage)] = storage
     storage.count += 1
-    handle = _HANDLE_BASE + (_next_handle() << 4)
+    records = RECORDS
+    handle = records.new(tensor) if records is not None else 0
+    if not handle:
+        handle = _HANDLE_BASE + (_next_handle() << 4)
+        while records is not None and records.contains(handle):  # never alias a record
+            handle = _HANDLE_BASE + (_next_handle() << 4)
     HANDLES[handle] = tensor
     return handle
 
@@ -104,6 +171,9 @@ def unregister(handle: int | None) -> None:
         raise ShimError(
             f"tensor handle {handle:#x} is not a live tensor (double delete or never created)"
         )
+    records = RECORDS
+    if records is not None and records.base <= handle < records.end:
+        records.delete(handle)
     storage = tensor.storage
     storage.count -= 1
     if storage.count == 0:

@@ -177,9 +177,10 @@ class Storage:
                     f"storage at {self.ptr:#x} is not aligned for {DTYPE_TO_TORCH[dtype]}"
                 )
             buf = self.buffer
-            t = self._typed[dtype] = buf[: buf.numel() - buf.numel() % itemsize].view(
-                DTYPE_TO_TORCH[dtype]
-            )
+            tail = buf.numel() % itemsize
+            if tail:  # a blob whose size is no multiple of the element size
+                buf = buf[: buf.numel() - tail]
+            t = self._typed[dtype] = buf.view(DTYPE_TO_TORCH[dtype])
         return t
 
     def hand_over(self) -> None:

@@ -4,12 +4,16 @@ The stock portable kernel memcpys, so it is only right for default-dim-order inp
 rejects the rest. ``view_copy`` is defined on logical element order: the result holds the
 input's elements in row-major order of its logical shape, whatever the input's and the
 out tensor's physical layouts are. A dense default-order input and out take one flat copy.
+When only one side is in default order (channels-last input, say) the copy is a
+transpose; the shims' native tiled strided copy does it at near-copy bandwidth, with
+torch as the fallback for what it does not take (both sides permuted, odd dtypes).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...shims.strided_copy import strided_copy
 from ..layout import numel, resize_in_dim_order
 from .registry import register_kernel
 
@@ -56,6 +60,10 @@ def view_copy(self: torch.Tensor, size: list[int], out: torch.Tensor) -> None:
     if self.is_contiguous() and out.is_contiguous():
         # logical order == memory order on both sides: one flat copy
         out.view(-1).copy_(self.view(-1))
+    elif out.is_contiguous() and strided_copy(out.view(self.shape), self):
+        pass  # gathered in logical order straight into out
+    elif self.is_contiguous() and strided_copy(out, self.view(sizes)):
+        pass  # scattered by out's strides
     else:
         # gather in logical order (reshape copies strided inputs), scatter by out's strides
         out.copy_(self.reshape(sizes))
