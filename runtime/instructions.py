@@ -308,10 +308,13 @@ class _Preparer:
                         where, f"processed data {ref.index} is out of range ({len(inline)} blobs)"
                     )
                 specs = [(cs.key, bytes(cs.value)) for cs in delegate.compile_specs or []]
+                context = self.context_factory(self.name)
+                host = context.options.get("isolation_host")
                 try:
-                    executor = cls.init(
-                        self.context_factory(self.name), bytes(inline[ref.index].data), specs
-                    )
+                    if host is not None:  # the delegate lives in the worker process
+                        executor = host.init(cls, context, bytes(inline[ref.index].data), specs)
+                    else:
+                        executor = cls.init(context, bytes(inline[ref.index].data), specs)
                 except EtmetalRuntimeError:
                     raise
                 except Exception as exc:

@@ -66,11 +66,39 @@ def _check_segments(data: bytes, source: str) -> None:
         )
 
 
-def _parse(data: bytes, source: str):
-    from executorch.exir._serialize._program import deserialize_pte_binary
+def _check_segment_table(program: schema.Program, base: int, data: bytes, source: str) -> None:
+    """Every segment the flatbuffer lists lies inside the file (the parser slices silently)."""
+    for i, seg in enumerate(program.segments or []):
+        if seg.offset < 0 or seg.size < 0 or base + seg.offset + seg.size > len(data):
+            raise InvalidProgramError(
+                f"{source}: segment {i} (offset {seg.offset}, {seg.size} bytes, base {base}) "
+                f"ends past the end of the file ({len(data)} bytes)"
+            )
 
+
+def _deserialize(data: bytes, source: str):
+    """``deserialize_pte_binary``, with the segment table checked before segments are cut."""
+    from executorch.exir._serialize._program import (
+        PTEFile,
+        _flatbuffer_to_program,
+        _get_extended_header,
+        _restore_segments,
+    )
+
+    header = _get_extended_header(data)
+    size, base = len(data), 0
+    if header is not None and header.is_valid():
+        size, base = header.program_size, header.segment_base_offset
+    program = _flatbuffer_to_program(data[:size])
+    if not base:
+        return PTEFile(program=program, mutable_data=None, named_data=None)
+    _check_segment_table(program, base, data, source)
+    return _restore_segments(program=program, segment_data=data[base:])
+
+
+def _parse(data: bytes, source: str):
     try:
-        return deserialize_pte_binary(data)
+        return _deserialize(data, source)
     except InvalidProgramError:
         raise
     except RecursionError as exc:
@@ -116,6 +144,24 @@ def load_program_data(
     return ProgramData(program, source, constants, mutable, named)
 
 
+def _check_data_segments(data: bytes, source: str) -> None:
+    """The ``.ptd``'s segments lie inside the file (the parser slices silently)."""
+    from executorch.extension.flat_tensor.serialize.serialize import (
+        FlatTensorHeader,
+        _deserialize_to_flat_tensor,
+    )
+
+    header = FlatTensorHeader.from_bytes(data[8:])
+    flat = _deserialize_to_flat_tensor(data[: header.flatbuffer_offset + header.flatbuffer_size])
+    for i, seg in enumerate(flat.segments):
+        end = header.segment_base_offset + seg.offset + seg.size
+        if seg.offset < 0 or seg.size < 0 or end > len(data):
+            raise InvalidProgramError(
+                f"{source}: data segment {i} (offset {seg.offset}, {seg.size} bytes, base "
+                f"{header.segment_base_offset}) ends past the end of the file ({len(data)} bytes)"
+            )
+
+
 def load_data_file(what: PathOrBytes) -> dict[str, bytes]:
     """Named data of a ``.ptd`` (FlatTensor) file: key -> bytes."""
     from executorch.exir._serialize._cord import Cord
@@ -128,6 +174,7 @@ def load_data_file(what: PathOrBytes) -> dict[str, bytes]:
         raise InvalidProgramError(
             f"{source}: cannot parse data file: {type(exc).__name__}: {exc}"
         ) from exc
+    _check_data_segments(data, source)
     named: dict[str, bytes] = {}
     for key, entry in payload.named_data.items():
         if not 0 <= entry.buffer_index < len(payload.buffers):

@@ -23,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +32,8 @@ from .backend_interface import BackendExecutor, BackendInitContext
 from .delegates import register_delegate
 from .errors import DelegateError, IntegrityError, InvalidProgramError, UntrustedNativeCodeError
 from .layout import resize_in_dim_order
+from .tempfiles import private_dir, track, write_private_file
+from .tempfiles import remove as remove_private_dir
 
 BACKEND_ID = "MetalBackend"
 SO_SUFFIX = "_so_blob"
@@ -42,7 +42,7 @@ TRUST_ENV = "ETMETAL_TRUST_NATIVE_CODE"
 TRUSTED_BLOBS_ENV = "ETMETAL_TRUSTED_BLOBS"
 # compile-spec target values this runtime can execute (an mps .so needs Metal)
 RUNNABLE_TARGETS = ("host",)
-_TMP_PREFIX = "etmetal-delegate-"
+_TMP_PREFIX = "etmetal-delegate-"  # tempfiles.private_dir("delegate") names: prefix + pid
 
 
 def parse_processed(processed: bytes, where: str) -> tuple[str, str]:
@@ -115,17 +115,14 @@ def _check_integrity(blob: memoryview, key: str, what: str, where: str) -> None:
 
 
 def write_private_so(so: memoryview) -> tuple[Path, Path]:
-    """Write the ``.so`` into a fresh private directory (mode 0700); returns (dir, file)."""
-    directory = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX))  # 0700, unpredictable name
+    """Write the ``.so`` into a fresh private directory (mode 0700, named by this pid so a
+    later process can sweep it if this one is killed); returns (dir, file)."""
+    directory = private_dir("delegate")
     try:
-        path = directory / "delegate.so"
         # O_EXCL | O_NOFOLLOW: never write through a planted file or symlink
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
-        with os.fdopen(fd, "wb") as f:
-            f.write(so)
-        return directory, path
+        return directory, write_private_file(directory, "delegate.so", so)
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_private_dir(directory)
         raise
 
 
@@ -179,11 +176,12 @@ class MetalDelegate(BackendExecutor):
         try:
             model = AotiModel(so_path, weights if len(weights) else None)
         except BaseException as exc:
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_private_dir(directory)
             if isinstance(exc, Exception):
                 raise DelegateError(f"{where}: loading the .so failed: {exc}") from exc
             raise
         self = cls(model, directory, where, weights)
+        self._cleanup = track(self, directory)  # also on collection and at exit
         self.so_digest = digest
         return self
 
@@ -241,7 +239,7 @@ class MetalDelegate(BackendExecutor):
         finally:
             self._weights = None
             if self._dir is not None:
-                shutil.rmtree(self._dir, ignore_errors=True)
+                remove_private_dir(self._dir)
                 self._dir = None
 
     def __del__(self) -> None:

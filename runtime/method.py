@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -145,10 +146,22 @@ def _set_input(name: str, pos: int, info: TensorInfo | None, dst, src) -> None:
     dst.copy_(src)
 
 
+def _release(executors, isolation) -> None:
+    destroy_all(executors)
+    if isolation is not None:
+        isolation.close()
+
+
 class Method:
     """A loaded method. ``execute(inputs)`` runs it and returns its outputs as a list."""
 
-    def __init__(self, plan: schema.ExecutionPlan, table: ValueTable, prepared: PreparedMethod):
+    def __init__(
+        self,
+        plan: schema.ExecutionPlan,
+        table: ValueTable,
+        prepared: PreparedMethod,
+        isolation=None,
+    ):
         self._name = plan.name
         self._table = table
         self._vals = table.values
@@ -157,7 +170,11 @@ class Method:
         self._outputs = list(plan.outputs)
         self._meta = MethodMeta(plan, table)
         self._chains = prepared.chains
-        self._finalizer = weakref.finalize(self, destroy_all, prepared.executors)
+        self.isolation = isolation  # the IsolationHost of isolated delegates, or None
+        # one execute at a time: inputs, planned memory and outputs are per method
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._finalizer = weakref.finalize(self, _release, prepared.executors, isolation)
 
     @property
     def name(self) -> str:
@@ -190,6 +207,23 @@ class Method:
         return out
 
     def execute(self, inputs: Sequence = ()) -> list:
+        """Run once. Calls from several threads are serialized (each gets its own outputs);
+        a re-entrant call from inside this method's own execute is refused."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise ExecutionError(
+                f"method {self._name!r} is already executing on this thread (re-entrant "
+                "execute, e.g. from a delegate); load a second Method for nested use",
+                method=self._name,
+            )
+        with self._lock:
+            self._owner = me
+            try:
+                return self._execute(inputs)
+            finally:
+                self._owner = None
+
+    def _execute(self, inputs: Sequence) -> list:
         if not self._finalizer.alive:
             raise ExecutionError(f"method {self._name!r} was destroyed", method=self._name)
         self.set_inputs(inputs)

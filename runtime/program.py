@@ -25,8 +25,10 @@ class Program:
         trusted_blob_hashes: Iterable[str] = (),
         memory_cap: int | None = None,
         options: dict[str, Any] | None = None,
+        isolate: bool = False,
     ):
         self._data = data
+        self._isolate = isolate
         self._plans = {plan.name: plan for plan in data.program.execution_plan}
         self._trust = trust_native_code
         self._trusted = frozenset(trusted_blob_hashes)
@@ -56,28 +58,44 @@ class Program:
             raise KeyError(f"named data {key!r} is in neither the program nor its data files")
         return memoryview(blob)
 
-    def _context(self, method_name: str) -> BackendInitContext:
+    def _context(self, method_name: str, host=None) -> BackendInitContext:
+        options = dict(self._options)
+        if host is not None:
+            options["isolation_host"] = host
         return BackendInitContext(
             method_name=method_name,
             get_named_data=self._named_data,
             trust_native_code=self._trust,
             trusted_blob_hashes=self._trusted,
-            options=dict(self._options),
+            options=options,
         )
 
     def load_method(self, name: str) -> Method:
         plan = self._plan(name)
+        host = None
+        if self._isolate and plan.delegates:
+            from .isolation import IsolationHost
+
+            host = IsolationHost(name, self._data.named_data)
         try:
-            table = build_values(plan, self._data, self._memory_cap)
-            prepared = prepare_method(plan, table, self._data.program, self._context)
-        except EtmetalRuntimeError:
-            raise
-        except (Exception, RecursionError) as exc:
+            table = build_values(
+                plan, self._data, self._memory_cap, host.allocate if host is not None else None
+            )
+            prepared = prepare_method(
+                plan, table, self._data.program, lambda n: self._context(n, host)
+            )
+        except BaseException as exc:
+            if host is not None:
+                host.close()
+            if isinstance(exc, EtmetalRuntimeError) or not isinstance(
+                exc, (Exception, RecursionError)
+            ):
+                raise
             # validation above is meant to catch everything; this is the backstop
             raise InvalidProgramError(
                 f"{self._data.source}: method {name!r} failed to load: {type(exc).__name__}: {exc}"
             ) from exc
-        method = Method(plan, table, prepared)
+        method = Method(plan, table, prepared, isolation=host)
         self._meta.setdefault(name, method.metadata)
         return method
 
@@ -119,11 +137,15 @@ class Runtime:
         trusted_blob_hashes: Iterable[str] = (),
         memory_cap: int | None = None,
         options: dict[str, Any] | None = None,
+        isolate: bool = False,
     ) -> Program:
         """Load a ``.pte`` (path or bytes) and optional external ``.ptd`` data files.
 
         ``trust_native_code`` opts in to delegates that run native code from the program;
-        ``memory_cap`` bounds the bytes each method may plan (default: half of RAM).
+        ``memory_cap`` bounds the bytes each method may plan (default: half of RAM);
+        ``isolate`` runs each method's delegates in a worker process over shared memory,
+        so a delegate that crashes raises ``DelegateError`` instead of ending this process
+        (see ``etmetal.runtime.isolation``).
         """
         if data_files is None:
             files = []
@@ -145,4 +167,5 @@ class Runtime:
             trusted_blob_hashes=trusted_blob_hashes,
             memory_cap=memory_cap,
             options=options,
+            isolate=isolate,
         )

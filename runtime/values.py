@@ -21,6 +21,7 @@ from .errors import InvalidProgramError, ResourceLimitError
 from .layout import SCALAR_TYPES, element_size, numel, strides_for
 
 MEMORY_CAP_ENV = "ETMETAL_MAX_MEMORY"
+MAX_DIMS = 16  # ExecuTorch's kTensorDimensionLimit
 
 
 def default_memory_cap() -> int:
@@ -71,8 +72,10 @@ def _aligned_bytes(blob: bytes) -> torch.Tensor:
 
 
 class _Builder:
-    def __init__(self, plan: schema.ExecutionPlan, data, memory_cap: int):
+    def __init__(self, plan: schema.ExecutionPlan, data, memory_cap: int, allocate=None):
         self.plan = plan
+        # planned buffers come from here (shared memory when delegates run isolated)
+        self.allocate = allocate
         self.data = data
         self.name = plan.name
         self.memory_cap = memory_cap
@@ -103,7 +106,10 @@ class _Builder:
             self.charge(size, f"planned buffer {mem_id} ({size} bytes)")
             # numpy zero-fills lazily; from_numpy storages cannot be resized, so a kernel
             # that grows an out tensor past the arena fails instead of reallocating it
-            arenas.append(torch.from_numpy(np.zeros(size, dtype=np.uint8)))
+            if self.allocate is not None:
+                arenas.append(self.allocate(size))
+            else:
+                arenas.append(torch.from_numpy(np.zeros(size, dtype=np.uint8)))
         return arenas
 
     def tensor_info(self, index: int, t: schema.Tensor) -> TensorInfo:
@@ -111,6 +117,8 @@ class _Builder:
         if dtype is None:
             raise self.fail(index, f"unknown scalar type {t.scalar_type!r}")
         sizes = list(t.sizes)
+        if len(sizes) > MAX_DIMS:
+            raise self.fail(index, f"{len(sizes)} dims, over the runtime's limit of {MAX_DIMS}")
         if any((not isinstance(s, int)) or s < 0 for s in sizes):
             raise self.fail(index, f"invalid sizes {sizes}")
         dim_order = list(t.dim_order)
@@ -187,6 +195,7 @@ class _Builder:
                     index, f"external tensor {key!r} is in no data file (pass data_files=[...])"
                 )
             if t.allocation_info is None:
+                self.charge(info.nbytes, f"external tensor value {index} ({info.nbytes} bytes)")
                 return self.blob_tensor(index, info, blob, f"named data {key!r}"), info
             out = self.planned(index, info, t, arenas)
             out.copy_(self.blob_tensor(index, info, blob, f"named data {key!r}"))
@@ -198,6 +207,8 @@ class _Builder:
                     index,
                     f"constant buffer {idx} is out of range ({len(self.data.constant_buffers)} buffers)",
                 )
+            # constants are copied per method (aligned, private): they count against the cap
+            self.charge(info.nbytes, f"constant tensor value {index} ({info.nbytes} bytes)")
             return self.blob_tensor(
                 index, info, self.data.constant_buffers[idx], f"constant buffer {idx}"
             ), info
@@ -239,8 +250,11 @@ def _scalar(index: int, val, method: str):
     return None
 
 
-def build_values(plan: schema.ExecutionPlan, data, memory_cap: int | None = None) -> ValueTable:
-    builder = _Builder(plan, data, default_memory_cap() if memory_cap is None else memory_cap)
+def build_values(
+    plan: schema.ExecutionPlan, data, memory_cap: int | None = None, allocate=None
+) -> ValueTable:
+    cap = default_memory_cap() if memory_cap is None else memory_cap
+    builder = _Builder(plan, data, cap, allocate)
     table = ValueTable(plan.name, [None] * len(plan.values))
     table.arenas = builder.arenas()
     n = len(plan.values)

@@ -15,6 +15,14 @@ SUITES = {
         "etmetal.scripts.bench_all",
         "every suite, each in its own process; writes BENCHMARKS.md",
     ),
+    "isolation": (
+        "etmetal.scripts.bench_isolation",
+        "execute latency with isolate=True vs in-process",
+    ),
+    "fuzz": (
+        "etmetal.scripts.bench_fuzz",
+        "seeded fuzz campaign over delegated programs (--cases N)",
+    ),
 }
 
 add_arguments, run = make_command(SUITES)

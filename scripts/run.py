@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow delegates that run native code shipped inside the program",
     )
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run delegates in a worker process: a crashing delegate is an error, not a crash",
+    )
 
 
 def random_input(spec, generator: torch.Generator):
@@ -80,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         program = Runtime.get().load_program(
-            args.program, data_files=args.data, trust_native_code=args.trust_native_code
+            args.program,
+            data_files=args.data,
+            trust_native_code=args.trust_native_code,
+            isolate=args.isolate,
         )
         method = program.load_method(args.method)
     except EtmetalRuntimeError as exc:

@@ -137,16 +137,17 @@ RECORDS: Records | None = None  # set when the bridge is loaded
 
 def register(tensor: Tensor) -> int:
     """Give ``tensor`` a new handle and count it on its storage."""
-    storage = tensor.storage
-    if storage.count == 0:
-        LIVE_STORAGES[id(storage)] = storage
-    storage.count += 1
     records = RECORDS
+    # the handle first: if making its record fails, nothing has been counted yet
     handle = records.new(tensor) if records is not None else 0
     if not handle:
         handle = _HANDLE_BASE + (_next_handle() << 4)
         while records is not None and records.contains(handle):  # never alias a record
             handle = _HANDLE_BASE + (_next_handle() << 4)
+    storage = tensor.storage
+    if storage.count == 0:
+        LIVE_STORAGES[id(storage)] = storage
+    storage.count += 1
     HANDLES[handle] = tensor
     return handle
 

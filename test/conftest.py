@@ -18,3 +18,38 @@ def pytest_configure(config):
     # one intra-op thread per xdist worker: two workers on two cores
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+# --- no temp files left behind (issue 8) ---------------------------------------------------
+# The suite runs with a private temp directory (other processes on the machine cannot add
+# to it); at the end, any etmetal-* entry left there fails the session.
+_SUITE_TMP = None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist starts its workers
+def pytest_sessionstart(session):
+    global _SUITE_TMP
+    import tempfile
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("ETMETAL_SUITE_TMPDIR"):
+        return  # xdist workers inherit the controller's TMPDIR
+    _SUITE_TMP = tempfile.mkdtemp(prefix="pytest-etmetal-suite-")
+    os.environ["TMPDIR"] = os.environ["ETMETAL_SUITE_TMPDIR"] = _SUITE_TMP
+    tempfile.tempdir = _SUITE_TMP
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+    import tempfile
+
+    if _SUITE_TMP is None:
+        return
+    import gc
+
+    gc.collect()  # delegates released by collection remove their directories
+    left = sorted(p for p in os.listdir(_SUITE_TMP) if p.startswith("etmetal-"))
+    if left:
+        print(f"\netmetal: temp entries left behind in {_SUITE_TMP}: {left}")
+        session.exitstatus = 1
+    tempfile.tempdir = None
+    shutil.rmtree(_SUITE_TMP, ignore_errors=True)
