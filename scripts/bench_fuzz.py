@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -64,14 +65,25 @@ def _reader(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def run_campaign(seeds: Path, cases: int, seed: int) -> tuple[Counter, list[str]]:
-    """Run ``cases`` cases; returns outcome counts and the lines of every bad case."""
+def run_campaign(
+    seeds: Path,
+    cases: int,
+    seed: int,
+    worker: Sequence[str] = ("-m", "etmetal.scripts.fuzz_worker"),
+) -> tuple[Counter, list[str]]:
+    """Run ``cases`` cases; returns outcome counts and the lines of every bad case.
+
+    ``worker`` is the Python command line (after the interpreter) of a worker that takes
+    ``SEEDS FIRST COUNT SEED``, prints ``start N`` before case N and ``N OUTCOME ...``
+    after it. A worker that dies or stalls is charged to the case it was in, and the
+    campaign resumes after that case in a new worker.
+    """
     counts: Counter = Counter()
     bad: list[str] = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     next_case = 0
     while next_case < cases:
-        cmd = [sys.executable, "-m", "etmetal.scripts.fuzz_worker", str(seeds)]
+        cmd = [sys.executable, *worker, str(seeds)]
         cmd += [str(next_case), str(cases - next_case), str(seed)]
         proc = subprocess.Popen(
             cmd,

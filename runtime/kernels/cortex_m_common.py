@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..layout import SCALAR_TYPES  # ScalarType codes as the program stores them
+
 
 class CortexMKernelError(ValueError):
     """A ``cortex_m::`` kernel was called with arguments it cannot honour."""
@@ -15,28 +17,12 @@ class CortexMKernelError(ValueError):
         self.op = op
 
 
-# ExecuTorch ScalarType codes (runtime/core/portable_type/scalar_type.h) as the
-# program stores them, for kernels with a ``ScalarType dtype`` argument.
-_SCALAR_TYPES = {
-    0: torch.uint8,
-    1: torch.int8,
-    2: torch.int16,
-    3: torch.int32,
-    4: torch.int64,
-    5: torch.float16,
-    6: torch.float32,
-    7: torch.float64,
-    11: torch.bool,
-    15: torch.bfloat16,
-}
-
-
 def scalar_type(op: str, value: int | torch.dtype) -> torch.dtype:
     """Map a ``ScalarType`` argument (an ExecuTorch code or a torch dtype) to a torch dtype."""
     if isinstance(value, torch.dtype):
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and value in _SCALAR_TYPES:
-        return _SCALAR_TYPES[value]
+    if isinstance(value, int) and not isinstance(value, bool) and value in SCALAR_TYPES:
+        return SCALAR_TYPES[value]
     raise CortexMKernelError(op, f"unsupported ScalarType {value!r}")
 
 
