@@ -240,6 +240,9 @@ class Bridge:
         count = ctypes.c_int64.in_dll(self.lib, "etm_nrec").value
         recs = (ctypes.c_char * (count * state.Records.SIZE)).in_dll(self.lib, "etm_recs")
         self._records_memory = recs  # keep the ctypes view alive with the bridge
+        # touch every record page now: handles cycle through the whole table (FIFO reuse),
+        # and resident memory should not creep up over the first thousands of runs
+        ctypes.memset(ctypes.addressof(recs), 0, ctypes.sizeof(recs))
         state.RECORDS = state.Records(ctypes.addressof(recs), memoryview(recs).cast("B"), count)
 
     @property
