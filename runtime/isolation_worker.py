@@ -34,15 +34,16 @@ def _load_class(ref):
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGKILL this worker when the host dies, even mid-execute."""
-    try:
-        import ctypes
-        import signal
+    """Linux: SIGKILL this worker when the host dies, even mid-execute.
 
+    Elsewhere there is no prctl; the host's shutdown and the pipe's EOF still end the worker.
+    """
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def main(fd: int) -> int:

@@ -9,6 +9,7 @@ median of each arm is compared. ``torch.set_num_threads`` is fixed for all arms
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -140,13 +141,10 @@ def print_comparison(c: Comparison) -> None:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:  # no /proc off Linux
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
