@@ -288,10 +288,6 @@ class AotiModel:
         can). With ``outputs``, copies each result into the caller's tensor (resizing it
         when the shape differs, for dynamic shapes) and returns them.
         """
-        if outputs is not None and len(outputs) != self.num_outputs:
-            raise AotiModelError(
-                f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
-            )
         results = self.run_into(inputs, outputs)
         if outputs is None:
             return results
@@ -313,18 +309,27 @@ class AotiModel:
         new tensors for the caller to place (dynamic shapes, layouts that changed)."""
         if self._container is None:
             raise AotiModelError(f"{self.so_path.name}: model is closed")
+        if outputs is not None and len(outputs) != self.num_outputs:
+            raise AotiModelError(
+                f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
+            )
         with state.RUN_LOCK:
             previous = state.FLAGS.materialize
-            if previous == self.materialize:  # the usual case: nothing to switch
-                return self._run_locked(inputs, outputs)
-            state.set_materialize(self.materialize)
-            try:
-                return self._run_locked(inputs, outputs)
-            finally:
-                state.set_materialize(previous)
+            if previous != self.materialize:
+                state.set_materialize(self.materialize)
+                try:
+                    return self._run_locked(inputs, outputs, None)
+                finally:
+                    state.set_materialize(previous)
+            ran = None if self._first_run else self._steady.run(inputs, outputs)
+            if ran is not None and ran[0] == 0 and not ran[2]:
+                return ran[1]  # the usual case: everything went through etm_run
+            return self._run_locked(inputs, outputs, ran)
 
-    def _run_locked(self, inputs, outputs) -> list[torch.Tensor | None]:
-        ran = None if self._first_run else self._steady.run(inputs, outputs)
+    def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
+        """Finish a steady run (``ran``) that needs Python, or run the general way."""
+        if ran is None and not self._first_run:
+            ran = self._steady.run(inputs, outputs)
         if ran is None:
             return self._run_general(inputs)
         rc, results, pending = ran
