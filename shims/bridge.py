@@ -211,7 +211,10 @@ class Bridge:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            # PyDLL: calls from Python keep the GIL, so the native shims' allocator and slot
+            # ring are never entered by two threads at once, and etm_run's callbacks need
+            # not re-take it
+            self.lib = ctypes.PyDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise BridgeError(f"loading the shim trampoline {path} failed: {exc}") from exc
         self._calls = ctypes.c_uint64.in_dll(self.lib, "etm_calls")
@@ -238,9 +241,7 @@ class Bridge:
         ctypes.memset(ctypes.addressof(recs), 0, ctypes.sizeof(recs))
         base = ctypes.addressof(recs)
         state.RECORDS = state.Records(base, memoryview(recs).cast("B"), python_half, count)
-        # etm_run must keep the GIL across the model's shim callbacks: bind it through PyDLL
-        py_lib = ctypes.PyDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        state.NATIVE = native_tensors.NativeTensors(self.lib, py_lib, base)
+        state.NATIVE = native_tensors.NativeTensors(self.lib, base)
         state.sync_native_policy()
 
     @property

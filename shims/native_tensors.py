@@ -147,7 +147,7 @@ def pack_image(
 class NativeTensors:
     """The bridge's native-tensor functions and counters, bound once the bridge is loaded."""
 
-    def __init__(self, lib: ctypes.CDLL, py_lib: ctypes.PyDLL, records_base: int) -> None:
+    def __init__(self, lib: ctypes.PyDLL, records_base: int) -> None:
         self.lib = lib
         self.records_base = records_base
         self.native_base = records_base + (TABLE_SLOTS // 2) * RECORD_SIZE
@@ -168,8 +168,7 @@ class NativeTensors:
         ):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
-        # the run keeps the GIL (PyDLL): shim callbacks run without re-taking it
-        self.run = py_lib.etm_run
+        self.run = lib.etm_run
         self.run.argtypes, self.run.restype = [ctypes.c_void_p], ctypes.c_int32
         self.free_memory = lib.etm_mem_free
 
