@@ -51,6 +51,10 @@ class MemoryStats:
     borrowed_storages: int
     cached_bytes: int  # freed host buffers kept for reuse (HOST_ALLOCATOR.empty_cache())
 
+    def live(self) -> tuple[int, int, int]:
+        """(tensors, storages, bytes): what must come back to its value when work is undone."""
+        return self.tensors, self.storages, self.bytes
+
 
 def memory_stats() -> MemoryStats:
     """Python's tensors and storages plus the native ones (one storage per native tensor)."""
