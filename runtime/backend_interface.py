@@ -30,6 +30,9 @@ class BackendInitContext:
 class BackendExecutor(ABC):
     """One initialized delegate blob. ``init`` runs once at method load."""
 
+    # True when ``execute_fresh`` returns new output tensors (see ``direct_delegate``)
+    supports_fresh_outputs: bool = False
+
     @classmethod
     @abstractmethod
     def init(
@@ -49,6 +52,16 @@ class BackendExecutor(ABC):
         its planned capacity is allowed for dynamic shapes, via ``Tensor.resize_``).
         Non-tensor values are Python ints/floats/bools.
         """
+
+    def execute_fresh(self, inputs: list[Any], planned_outputs: list[Any]) -> list[Any]:
+        """Run once and return the outputs as tensors the caller may keep.
+
+        Only called when ``supports_fresh_outputs``, for a method that is this one call:
+        ``inputs`` may be the caller's own tensors (with the planned layout); an output
+        may be written into ``planned_outputs[i]`` and a copy of it returned instead.
+        """
+        self.execute([*inputs, *planned_outputs])
+        return [t.clone() if hasattr(t, "clone") else t for t in planned_outputs]
 
     def check_call(self, args: list[Any]) -> None:  # noqa: B027 - optional hook
         """At load, once per delegate call: the values the call will pass, in order

@@ -130,6 +130,8 @@ def write_private_so(so: memoryview) -> tuple[Path, Path]:
 class MetalDelegate(BackendExecutor):
     """One Metal (AOTI) delegate blob, loaded and ready to execute."""
 
+    supports_fresh_outputs = True
+
     def __init__(self, model, directory: Path, where: str, weights: memoryview) -> None:
         self._model = model
         self._dir = directory
@@ -218,19 +220,33 @@ class MetalDelegate(BackendExecutor):
         # outputs that come back as planned are written into the planned tensors directly
         results = model.run_into(args[:n_in], args[n_in:])
         for i, (dst, src) in enumerate(zip(args[n_in:], results)):
-            if src is None:
-                continue
-            if dst.dtype != src.dtype:
-                raise DelegateError(
-                    f"{self._where}: output {i} is {src.dtype}, the program planned {dst.dtype}"
-                )
-            if dst.shape != src.shape:  # dynamic shapes: stay within the planned memory
-                capacity = self._out_capacity[i] if self._out_capacity else None
-                if capacity is None:
-                    storage = dst.untyped_storage().nbytes() // dst.element_size()
-                    capacity = storage - dst.storage_offset()
-                resize_in_dim_order(dst, src.shape, capacity)
-            dst.copy_(src)
+            if src is not None:
+                self._place(i, dst, src)
+
+    def execute_fresh(self, inputs: list, planned_outputs: list) -> list[torch.Tensor]:
+        model = self._model
+        if model is None:
+            raise DelegateError(f"{self._where}: executed after destroy")
+        results = model.run(inputs)  # new tensors the caller may keep
+        for i, (dst, src) in enumerate(zip(planned_outputs, results)):
+            if src.dtype != dst.dtype or src.shape != dst.shape or src.stride() != dst.stride():
+                self._place(i, dst, src)  # the planned layout, as the general path returns
+                results[i] = dst.clone()
+        return results
+
+    def _place(self, i: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy output ``i`` into its planned tensor, resizing within the planned capacity."""
+        if dst.dtype != src.dtype:
+            raise DelegateError(
+                f"{self._where}: output {i} is {src.dtype}, the program planned {dst.dtype}"
+            )
+        if dst.shape != src.shape:  # dynamic shapes: stay within the planned memory
+            capacity = self._out_capacity[i] if self._out_capacity else None
+            if capacity is None:
+                storage = dst.untyped_storage().nbytes() // dst.element_size()
+                capacity = storage - dst.storage_offset()
+            resize_in_dim_order(dst, src.shape, capacity)
+        dst.copy_(src)
 
     def destroy(self) -> None:
         model, self._model = self._model, None

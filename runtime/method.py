@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from executorch.exir import schema
 
+from .direct_delegate import DirectDelegateCall
 from .errors import EtmetalRuntimeError, ExecutionError, InputError
 from .instructions import PreparedMethod, destroy_all
 from .layout import resize_in_dim_order
@@ -175,6 +176,8 @@ class Method:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._finalizer = weakref.finalize(self, _release, prepared.executors, isolation)
+        # a method that is one delegate call skips the planned-memory copies
+        self._direct = DirectDelegateCall.for_plan(plan, table, prepared.executors, _set_input)
 
     @property
     def name(self) -> str:
@@ -226,6 +229,8 @@ class Method:
     def _execute(self, inputs: Sequence) -> list:
         if not self._finalizer.alive:
             raise ExecutionError(f"method {self._name!r} was destroyed", method=self._name)
+        if self._direct is not None:
+            return self._direct.execute(inputs)
         self.set_inputs(inputs)
         if self._prepared.dynamic_tensors:
             with warnings.catch_warnings():

@@ -175,10 +175,21 @@ def test_inputs_are_borrowed_not_copied(linear, monkeypatch):
     monkeypatch.setattr(shim_model, "tensor_from_torch", recording)
     method = load(linear.pte, trust_native_code=True).load_method("forward")
     try:
+        inputs = list(linear.inputs)
+        want = linear.module(*inputs)
+        torch.testing.assert_close(method.execute(inputs)[0], want)
+        # a whole-program delegate: the .so read the caller's own memory, as borrowed storage
+        assert seen == [(t.data_ptr(), False) for t in inputs]
+        # an input laid out otherwise is copied into the planned memory first, as before
         planned = [method._vals[i] for i, _ in method._inputs]
-        method.execute(list(linear.inputs))
-        # the .so saw the runtime's planned input memory itself, as borrowed storage
-        assert seen == [(t.data_ptr(), False) for t in planned]
+        odd = [t.t().contiguous().t() if t.dim() == 2 else t for t in inputs]
+        assert any(o.stride() != p.stride() for o, p in zip(odd, planned))
+        method.destroy()
+        method = load(linear.pte, trust_native_code=True).load_method("forward")
+        planned = [method._vals[i] for i, _ in method._inputs]
+        seen.clear()
+        torch.testing.assert_close(method.execute(odd)[0], want)
+        assert seen == [(p.data_ptr(), False) for p in planned]
     finally:
         method.destroy()
 
