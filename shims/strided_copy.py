@@ -158,28 +158,54 @@ static void transpose_u32_sse(uint32_t* d, const uint32_t* s, int64_t bn, int64_
     _mm_stream_ps((p) + 4, _mm256_extractf128_ps(v, 1));                                 \
   } while (0)
 
-#define DEFINE_T8_TILES(NAME, STORE, BJ)                                                 \
+#define T8_AT(I, J, STORE)                                                               \
+  {                                                                                      \
+    float* d = (float*)(du + (I) * bd + (J));                                            \
+    const float* s = (const float*)(su + (J) * as + (I));                                \
+    T8_BODY(STORE)                                                                       \
+  }
+/* GROUP (8 or 16) destination rows are written side by side: 16 use each 64-byte source
+   line in one pass, 8 keep rows whose stride is near a multiple of 4 KiB out of each
+   other's L1 sets */
+#define DEFINE_T8_TILES(NAME, STORE, BJ, GROUP)                                          \
 __attribute__((target("avx2"))) static void NAME(uint32_t* du, const uint32_t* su,       \
     int64_t bn, int64_t an, int64_t bd, int64_t as) {                                    \
   for (int64_t i0 = 0; i0 < bn; i0 += 32) {                                              \
     int64_t i1 = i0 + 32 < bn ? i0 + 32 : bn;                                            \
     for (int64_t j0 = 0; j0 < an; j0 += BJ) {                                            \
       int64_t j1 = j0 + BJ < an ? j0 + BJ : an;                                          \
-      for (int64_t i = i0; i < i1; i += 8) { /* callers pass bn a multiple of 8 */       \
+      int64_t i = i0;                                                                    \
+      for (; i + GROUP <= i1; i += GROUP) { /* callers pass bn a multiple of 8 */        \
         int64_t j = j0;                                                                  \
         for (; j + 8 <= j1; j += 8) {                                                    \
-          float* d = (float*)(du + i * bd + j);                                          \
-          const float* s = (const float*)(su + j * as + i);                              \
-          T8_BODY(STORE)                                                                 \
+          T8_AT(i, j, STORE)                                                             \
+          if (GROUP == 16) T8_AT(i + 8, j, STORE)                                        \
         }                                                                                \
+        for (; j < j1; ++j)                                                              \
+          for (int k = 0; k < GROUP; ++k) du[(i + k) * bd + j] = su[j * as + i + k];     \
+      }                                                                                  \
+      for (; i < i1; i += 8) {                                                           \
+        int64_t j = j0;                                                                  \
+        for (; j + 8 <= j1; j += 8) T8_AT(i, j, STORE)                                   \
         for (; j < j1; ++j)                                                              \
           for (int k = 0; k < 8; ++k) du[(i + k) * bd + j] = su[j * as + i + k];         \
       }                                                                                  \
     }                                                                                    \
   }                                                                                      \
 }
-DEFINE_T8_TILES(transpose_u32_avx2, ST_CACHED, 256)
-DEFINE_T8_TILES(transpose_u32_avx2_nt, ST_STREAM, 1024)
+DEFINE_T8_TILES(transpose_u32_avx2, ST_CACHED, 256, 8)
+DEFINE_T8_TILES(transpose_u32_avx2_x16, ST_CACHED, 256, 16)
+DEFINE_T8_TILES(transpose_u32_avx2_nt, ST_STREAM, 1024, 8)
+
+/* most rows of 16 consecutive destination rows that share an L1 set (64 sets of 64 B) */
+static int set_crowding(int64_t row_bytes) {
+  int count[64] = {0}, most = 0;
+  for (int64_t r = 0; r < 16; ++r) {
+    int set = (int)(((uint64_t)(r * row_bytes) & 4095) >> 6);
+    if (++count[set] > most) most = count[set];
+  }
+  return most;
+}
 
 static int have_avx2(void) {
   static int known = -1;
@@ -197,7 +223,8 @@ static int transpose_u32(uint32_t* d, const uint32_t* s, int64_t bn, int64_t an,
       transpose_u32_avx2_nt(d, s, b8, an, bd, as);
       _mm_sfence(); /* order the streamed lines before anything the caller does next */
     } else {
-      transpose_u32_avx2(d, s, b8, an, bd, as);
+      if (set_crowding(bd * 4) <= 3) transpose_u32_avx2_x16(d, s, b8, an, bd, as);
+      else transpose_u32_avx2(d, s, b8, an, bd, as);
     }
   }
   if (b8 < bn) transpose_u32_sse(d + b8 * bd, s + b8, bn - b8, an, bd, as);
