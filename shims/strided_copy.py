@@ -18,6 +18,7 @@ import threading
 import torch
 
 from .native import NativeBuildError, build_shared
+from .transpose_kernels import SOURCE as TRANSPOSE_SOURCE
 
 MAX_DIMS = 16
 
@@ -53,194 +54,7 @@ static int simplify(int nd, const int64_t* sz, const int64_t* ss, const int64_t*
 
 static int64_t iabs(int64_t v) { return v < 0 ? -v : v; }
 
-/* last-level cache bytes: sysfs first (what lscpu shows; under a hypervisor sysconf may
-   report the host's cache, 12x larger on the CI VM), then sysconf; 0 if unknown */
-static int64_t l3_bytes(void) {
-  char path[64];
-  for (int k = 0; k < 8; ++k) {
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", k);
-    FILE* f = fopen(path, "r");
-    if (!f) break;
-    int level = 0;
-    int ok = fscanf(f, "%d", &level) == 1;
-    fclose(f);
-    if (!ok || level != 3) continue;
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", k);
-    f = fopen(path, "r");
-    if (!f) break;
-    long long v = 0;
-    char unit = 0;
-    int got = fscanf(f, "%lld%c", &v, &unit);
-    fclose(f);
-    if (got >= 1 && v > 0) return (int64_t)v << (unit == 'M' ? 20 : unit == 'K' ? 10 : 0);
-  }
-#if defined(_SC_LEVEL3_CACHE_SIZE)
-  long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (l3 > 0) return l3;
-#endif
-  return 0;
-}
-
-/* copies of at least this many bytes store non-temporally: a quarter of the last-level
-   cache, past which (source + destination, a shared cache) the output would not stay
-   cached anyway; measured here, it lifts 8-64 MiB transposes from ~0.68 to ~0.85 of a
-   contiguous copy's bandwidth */
-static int64_t stream_threshold(void) {
-  static int64_t bytes = -1;
-  if (bytes < 0) {
-    int64_t l3 = l3_bytes();
-    bytes = (l3 > 0 ? l3 : ((int64_t)32 << 20)) / 4;
-  }
-  return bytes;
-}
-
-#if defined(ETM_X86)
-/* d[i*bd + j] = s[j*as + i] for i < bn, j < an: 32x256 tiles of 4x4 SSE transposes */
-static void transpose_u32_sse(uint32_t* d, const uint32_t* s, int64_t bn, int64_t an, int64_t bd,
-                              int64_t as) {
-  for (int64_t i0 = 0; i0 < bn; i0 += 32) {
-    int64_t i1 = i0 + 32 < bn ? i0 + 32 : bn;
-    for (int64_t j0 = 0; j0 < an; j0 += 256) {
-      int64_t j1 = j0 + 256 < an ? j0 + 256 : an;
-      int64_t i = i0;
-      for (; i + 4 <= i1; i += 4) {
-        int64_t j = j0;
-        for (; j + 4 <= j1; j += 4) {
-          __m128 r0 = _mm_loadu_ps((const float*)(s + (j + 0) * as + i));
-          __m128 r1 = _mm_loadu_ps((const float*)(s + (j + 1) * as + i));
-          __m128 r2 = _mm_loadu_ps((const float*)(s + (j + 2) * as + i));
-          __m128 r3 = _mm_loadu_ps((const float*)(s + (j + 3) * as + i));
-          _MM_TRANSPOSE4_PS(r0, r1, r2, r3); /* shuffles only: bits are preserved */
-          _mm_storeu_ps((float*)(d + (i + 0) * bd + j), r0);
-          _mm_storeu_ps((float*)(d + (i + 1) * bd + j), r1);
-          _mm_storeu_ps((float*)(d + (i + 2) * bd + j), r2);
-          _mm_storeu_ps((float*)(d + (i + 3) * bd + j), r3);
-        }
-        for (; j < j1; ++j)
-          for (int k = 0; k < 4; ++k) d[(i + k) * bd + j] = s[j * as + i + k];
-      }
-      for (; i < i1; ++i)
-        for (int64_t j = j0; j < j1; ++j) d[i * bd + j] = s[j * as + i];
-    }
-  }
-}
-
-/* AVX2 8x8 transposes, compiled for AVX2 whatever the base flags and chosen at run time.
-   I-blocks of 32 keep the source rows' 128-byte pieces in L1; j-blocks keep 8 destination
-   rows streaming. Big copies (past the last-level cache share) store non-temporally: no
-   read-for-ownership of destination lines, which would cost a third of the bandwidth. */
-#define T8_BODY(STORE)                                                                   \
-  __m256 r0 = _mm256_loadu_ps(s + 0 * as), r1 = _mm256_loadu_ps(s + 1 * as);            \
-  __m256 r2 = _mm256_loadu_ps(s + 2 * as), r3 = _mm256_loadu_ps(s + 3 * as);            \
-  __m256 r4 = _mm256_loadu_ps(s + 4 * as), r5 = _mm256_loadu_ps(s + 5 * as);            \
-  __m256 r6 = _mm256_loadu_ps(s + 6 * as), r7 = _mm256_loadu_ps(s + 7 * as);            \
-  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);              \
-  __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);              \
-  __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);              \
-  __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);              \
-  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);    \
-  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);    \
-  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);    \
-  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);    \
-  STORE(d + 0 * bd, _mm256_permute2f128_ps(u0, u4, 0x20));                              \
-  STORE(d + 1 * bd, _mm256_permute2f128_ps(u1, u5, 0x20));                              \
-  STORE(d + 2 * bd, _mm256_permute2f128_ps(u2, u6, 0x20));                              \
-  STORE(d + 3 * bd, _mm256_permute2f128_ps(u3, u7, 0x20));                              \
-  STORE(d + 4 * bd, _mm256_permute2f128_ps(u0, u4, 0x31));                              \
-  STORE(d + 5 * bd, _mm256_permute2f128_ps(u1, u5, 0x31));                              \
-  STORE(d + 6 * bd, _mm256_permute2f128_ps(u2, u6, 0x31));                              \
-  STORE(d + 7 * bd, _mm256_permute2f128_ps(u3, u7, 0x31));
-#define ST_CACHED(p, v) _mm256_storeu_ps(p, v)
-/* 16-byte aligned halves: _mm_stream_ps needs 16, rows need not be 32-byte aligned */
-#define ST_STREAM(p, v)                                                                  \
-  do {                                                                                   \
-    _mm_stream_ps(p, _mm256_castps256_ps128(v));                                         \
-    _mm_stream_ps((p) + 4, _mm256_extractf128_ps(v, 1));                                 \
-  } while (0)
-
-#define T8_AT(I, J, STORE)                                                               \
-  {                                                                                      \
-    float* d = (float*)(du + (I) * bd + (J));                                            \
-    const float* s = (const float*)(su + (J) * as + (I));                                \
-    T8_BODY(STORE)                                                                       \
-  }
-/* GROUP (8 or 16) destination rows are written side by side: 16 use each 64-byte source
-   line in one pass, 8 keep rows whose stride is near a multiple of 4 KiB out of each
-   other's L1 sets */
-#define DEFINE_T8_TILES(NAME, STORE, BJ, GROUP)                                          \
-__attribute__((target("avx2"))) static void NAME(uint32_t* du, const uint32_t* su,       \
-    int64_t bn, int64_t an, int64_t bd, int64_t as) {                                    \
-  for (int64_t i0 = 0; i0 < bn; i0 += 32) {                                              \
-    int64_t i1 = i0 + 32 < bn ? i0 + 32 : bn;                                            \
-    for (int64_t j0 = 0; j0 < an; j0 += BJ) {                                            \
-      int64_t j1 = j0 + BJ < an ? j0 + BJ : an;                                          \
-      int64_t i = i0;                                                                    \
-      for (; i + GROUP <= i1; i += GROUP) { /* callers pass bn a multiple of 8 */        \
-        int64_t j = j0;                                                                  \
-        for (; j + 8 <= j1; j += 8) {                                                    \
-          T8_AT(i, j, STORE)                                                             \
-          if (GROUP == 16) T8_AT(i + 8, j, STORE)                                        \
-        }                                                                                \
-        for (; j < j1; ++j)                                                              \
-          for (int k = 0; k < GROUP; ++k) du[(i + k) * bd + j] = su[j * as + i + k];     \
-      }                                                                                  \
-      for (; i < i1; i += 8) {                                                           \
-        int64_t j = j0;                                                                  \
-        for (; j + 8 <= j1; j += 8) T8_AT(i, j, STORE)                                   \
-        for (; j < j1; ++j)                                                              \
-          for (int k = 0; k < 8; ++k) du[(i + k) * bd + j] = su[j * as + i + k];         \
-      }                                                                                  \
-    }                                                                                    \
-  }                                                                                      \
-}
-DEFINE_T8_TILES(transpose_u32_avx2, ST_CACHED, 256, 8)
-DEFINE_T8_TILES(transpose_u32_avx2_x16, ST_CACHED, 256, 16)
-DEFINE_T8_TILES(transpose_u32_avx2_nt, ST_STREAM, 1024, 8)
-
-/* most rows of 16 consecutive destination rows that share an L1 set (64 sets of 64 B) */
-static int set_crowding(int64_t row_bytes) {
-  int count[64] = {0}, most = 0;
-  for (int64_t r = 0; r < 16; ++r) {
-    int set = (int)(((uint64_t)(r * row_bytes) & 4095) >> 6);
-    if (++count[set] > most) most = count[set];
-  }
-  return most;
-}
-
-static int have_avx2(void) {
-  static int known = -1;
-  if (known < 0) { __builtin_cpu_init(); known = __builtin_cpu_supports("avx2") ? 1 : 0; }
-  return known;
-}
-
-static int transpose_u32(uint32_t* d, const uint32_t* s, int64_t bn, int64_t an, int64_t bd,
-                         int64_t as, int stream) {
-  int64_t b8 = 0;
-  if (have_avx2() && bn >= 8 && an >= 8) {
-    b8 = bn & ~(int64_t)7;
-    /* streaming stores need 16-byte aligned rows; others take the cached stores */
-    if (stream && ((uintptr_t)d & 15) == 0 && (bd & 3) == 0) {
-      transpose_u32_avx2_nt(d, s, b8, an, bd, as);
-      _mm_sfence(); /* order the streamed lines before anything the caller does next */
-    } else {
-      if (set_crowding(bd * 4) <= 3) transpose_u32_avx2_x16(d, s, b8, an, bd, as);
-      else transpose_u32_avx2(d, s, b8, an, bd, as);
-    }
-  }
-  if (b8 < bn) transpose_u32_sse(d + b8 * bd, s + b8, bn - b8, an, bd, as);
-  return 1;
-}
-#else
-static int transpose_u32(uint32_t* d, const uint32_t* s, int64_t bn, int64_t an, int64_t bd,
-                         int64_t as, int stream) {
-  (void)d; (void)s; (void)bn; (void)an; (void)bd; (void)as; (void)stream;
-  return 0;
-}
-#endif
-static int transpose_fast(void* d, const void* s, size_t item, int64_t bn, int64_t an,
-                          int64_t bd, int64_t as, int stream) {
-  return item == 4 && transpose_u32((uint32_t*)d, (const uint32_t*)s, bn, an, bd, as, stream);
-}
+%TRANSPOSE%
 
 #define DEFINE_COPY(T, TILE)                                                              \
 static void copy_##T(T* dst, const T* src, int m, dim_t* dm, int stream) {                         \
@@ -270,10 +84,10 @@ static void copy_##T(T* dst, const T* src, int m, dim_t* dm, int stream) {      
       else for (int64_t j = 0; j < an; ++j) d0[j * ad] = s0[j * as];                   \
     } else {                                                                           \
       const int64_t bs = B.s, bd = B.d, bn = B.n;                                      \
-      if (ad == 1 && bs == 1 && transpose_fast(d0, s0, sizeof(T), bn, an, bd, as, stream)) {   \
-        /* done by the vector transpose */                                             \
-      } else                                                                           \
-      for (int64_t i0 = 0; i0 < bn; i0 += TILE) {                                      \
+      /* vector tiles take what they can; scalar tiles do the remaining rows */       \
+      int64_t done = ad == 1 && bs == 1                                                \
+          ? transpose_tiles(d0, s0, sizeof(T), bn, an, bd, as, stream) : 0;            \
+      for (int64_t i0 = done; i0 < bn; i0 += TILE) {                                   \
         int64_t i1 = i0 + TILE < bn ? i0 + TILE : bn;                                  \
         for (int64_t j0 = 0; j0 < an; j0 += TILE) {                                    \
           int64_t j1 = j0 + TILE < an ? j0 + TILE : an;                                \
@@ -349,6 +163,8 @@ int etm_gather_contiguous(void* dst, const void* src, int nd, const int64_t* geo
   return copy_impl(dst, src, nd, geom, geom + nd, dst_strides, itemsize);
 }
 """
+
+_SOURCE = _SOURCE.replace("%TRANSPOSE%", TRANSPOSE_SOURCE)
 
 _LIB = None
 _LOCK = threading.Lock()
