@@ -228,7 +228,7 @@ ATTR static void NAME(T* du, const T* su, int64_t bn, int64_t an, int64_t bd, in
    rows spread over L1 sets (see set_crowding); streaming stores keep 8 (few write-combining
    buffers) with longer row runs */
 DEFINE_TILES(t_u32, uint32_t, 8, 8, 256, T8_PS, ST_PS, AVX2)
-DEFINE_TILES(t_u32_x16, uint32_t, 8, 16, 256, T8_PS, ST_PS, AVX2)
+DEFINE_TILES(t_u32_x16, uint32_t, 8, 16, 1024, T8_PS, ST_PS, AVX2)
 DEFINE_TILES(t_u32_nt, uint32_t, 8, 8, 1024, T8_PS, ST_PS_NT, AVX2)
 DEFINE_TILES(t_u32_x4, uint32_t, 4, 4, 256, T4_PS, ST_PS4, )
 DEFINE_TILES(t_u64, uint64_t, 4, 8, 128, T4_PD, ST_PD, AVX2)
