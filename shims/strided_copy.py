@@ -3,10 +3,11 @@
 torch's ``copy_`` between layouts whose fastest dims differ (channels-last to
 contiguous, a permuted view) walks one side element by element; this kernel merges
 dims that are contiguous on both sides, then moves the two dims that are fastest on
-each side into a tiled (cache-blocked) transpose, so both reads and writes stream.
-Built with ``-O3`` once per content (``native.build_shared``) and called through ctypes.
-Elements of 1, 2, 4 or 8 bytes; anything else (or overlap, non-CPU, too many dims)
-returns False and the caller falls back to torch.
+each side into a tiled (cache-blocked) transpose, so both reads and writes stream
+(vector tiles in ``transpose_kernels``; rows they leave take scalar tiles).
+Built with ``-O3`` once per content (``native.build_shared``) and called through ctypes;
+the geometry goes over as packed int64s. Elements of 1, 2, 4 or 8 bytes; anything else
+(or overlap, non-CPU, too many dims) returns False and the caller falls back to torch.
 """
 
 from __future__ import annotations

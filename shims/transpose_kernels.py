@@ -5,13 +5,15 @@
 channels-last to contiguous copy. Micro-tiles are register transposes (shuffles only, so
 every bit, NaN payloads included, is preserved): 8x8 of 4-byte and 4x4 of 8-byte elements
 with AVX2, chosen at run time (``__builtin_cpu_supports``) so one build runs on any x86-64;
-8x8 of 2-byte and 16x16 of 1-byte elements with the baseline SSE2. Tiles (32 source columns
-by a few hundred destination columns) keep the source block in L1 while 8 or 16
-destination rows fill whole cache lines side by side.
+8x8 of 2-byte and 16x16 or 8x8 of 1-byte elements with the baseline SSE2. Tiles (128 bytes
+of each source row by a few hundred destination columns) keep the source block in L1 or
+L2 while 8 or 16 destination rows fill whole cache lines side by side; 8 when the
+destination rows' stride is near a multiple of 4 KiB, where 16 rows would share L1 sets.
 
-Copies of a quarter of the last-level cache or more store non-temporally when the
-destination rows are 16-byte aligned: a cached store first reads each destination line
-(read-for-ownership), a third of the traffic of a copy that misses the cache anyway.
+Copies of a quarter of the last-level cache or more store non-temporally (8 rows at a
+time: few write-combining buffers) when the destination rows are 16-byte aligned: a
+cached store first reads each destination line (read-for-ownership), a third of the
+traffic of a copy that misses the cache anyway.
 Returns 0 (the caller walks the elements itself) off x86-64 or for shapes it does not take.
 """
 
@@ -195,14 +197,43 @@ static int64_t stream_threshold(void) {
    last 8, so register k ends up with the column whose 4 bits are k's bits reversed */
 static const int T16_ROW[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
+/* 8x8 bytes, 8-byte stores: for destination rows that crowd L1 sets (16 would thrash) */
+#define LD8(p) _mm_loadl_epi64((const __m128i*)(p))
+#define HI8(v) _mm_unpackhi_epi64(v, v)
+#define T8_EPI8(D, S, LDD, LDS, STORE)                                                   \
+  {                                                                                      \
+    uint8_t* d_ = (uint8_t*)(D);                                                         \
+    const uint8_t* s_ = (const uint8_t*)(S);                                             \
+    const int64_t ld_ = (LDD), ls_ = (LDS);                                              \
+    __m128i a0 = _mm_unpacklo_epi8(LD8(s_ + 0 * ls_), LD8(s_ + 1 * ls_));                \
+    __m128i a1 = _mm_unpacklo_epi8(LD8(s_ + 2 * ls_), LD8(s_ + 3 * ls_));                \
+    __m128i a2 = _mm_unpacklo_epi8(LD8(s_ + 4 * ls_), LD8(s_ + 5 * ls_));                \
+    __m128i a3 = _mm_unpacklo_epi8(LD8(s_ + 6 * ls_), LD8(s_ + 7 * ls_));                \
+    __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);           \
+    __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);           \
+    __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);           \
+    __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);           \
+    STORE(d_ + 0 * ld_, c0);                                                             \
+    STORE(d_ + 1 * ld_, HI8(c0));                                                        \
+    STORE(d_ + 2 * ld_, c1);                                                             \
+    STORE(d_ + 3 * ld_, HI8(c1));                                                        \
+    STORE(d_ + 4 * ld_, c2);                                                             \
+    STORE(d_ + 5 * ld_, HI8(c2));                                                        \
+    STORE(d_ + 6 * ld_, c3);                                                             \
+    STORE(d_ + 7 * ld_, HI8(c3));                                                        \
+  }
+#define ST_8B(p, v) _mm_storel_epi64((__m128i*)(p), v)
+#define ST_8B_NT(p, v) _mm_stream_si64((long long*)(p), _mm_cvtsi128_si64(v))
+
 /* ---- tiles ---- */
 
 /* rows [0, bn) of d, bn a multiple of M; GROUP destination rows (a multiple of M) are
-   filled side by side, each source row's piece of 32 columns is read once per tile */
+   filled side by side; BJ destination columns per tile */
 #define DEFINE_TILES(NAME, T, M, GROUP, BJ, MICRO, STORE, ATTR)                           \
 ATTR static void NAME(T* du, const T* su, int64_t bn, int64_t an, int64_t bd, int64_t as) { \
-  for (int64_t i0 = 0; i0 < bn; i0 += 32) {                                              \
-    int64_t i1 = i0 + 32 < bn ? i0 + 32 : bn;                                            \
+  const int64_t bi = 128 / sizeof(T); /* source columns per tile: 128 bytes of a row */    \
+  for (int64_t i0 = 0; i0 < bn; i0 += bi) {                                              \
+    int64_t i1 = i0 + bi < bn ? i0 + bi : bn;                                            \
     for (int64_t j0 = 0; j0 < an; j0 += BJ) {                                            \
       int64_t j1 = j0 + BJ < an ? j0 + BJ : an;                                          \
       int64_t i = i0;                                                                    \
@@ -224,19 +255,21 @@ ATTR static void NAME(T* du, const T* su, int64_t bn, int64_t an, int64_t bd, in
   }                                                                                      \
 }
 #define AVX2 __attribute__((target("avx2")))
-/* 8 rows side by side; 16 use each 64-byte source line in one pass, but only when the
-   rows spread over L1 sets (see set_crowding); streaming stores keep 8 (few write-combining
-   buffers) with longer row runs */
+/* 16 rows side by side use each 64-byte source line in one pass, but only when the rows
+   spread over L1 sets (see set_crowding); streaming stores keep 8 (few write-combining
+   buffers) with longer row runs. Block sizes measured here (etmetal bench overhead and a
+   sweep over channel counts 3-512 and plane sizes) */
 DEFINE_TILES(t_u32, uint32_t, 8, 8, 256, T8_PS, ST_PS, AVX2)
 DEFINE_TILES(t_u32_x16, uint32_t, 8, 16, 1024, T8_PS, ST_PS, AVX2)
 DEFINE_TILES(t_u32_nt, uint32_t, 8, 8, 1024, T8_PS, ST_PS_NT, AVX2)
 DEFINE_TILES(t_u32_x4, uint32_t, 4, 4, 256, T4_PS, ST_PS4, )
 DEFINE_TILES(t_u64, uint64_t, 4, 8, 128, T4_PD, ST_PD, AVX2)
 DEFINE_TILES(t_u64_nt, uint64_t, 4, 8, 512, T4_PD, ST_PD_NT, AVX2)
-DEFINE_TILES(t_u16, uint16_t, 8, 8, 512, T8_EPI16, ST_SI, )
+DEFINE_TILES(t_u16, uint16_t, 8, 8, 256, T8_EPI16, ST_SI, )
 DEFINE_TILES(t_u16_nt, uint16_t, 8, 8, 2048, T8_EPI16, ST_SI_NT, )
-DEFINE_TILES(t_u8, uint8_t, 16, 16, 1024, T16_EPI8, ST_SI, )
-DEFINE_TILES(t_u8_nt, uint8_t, 16, 16, 4096, T16_EPI8, ST_SI_NT, )
+DEFINE_TILES(t_u8, uint8_t, 16, 16, 256, T16_EPI8, ST_SI, )
+DEFINE_TILES(t_u8_nt, uint8_t, 8, 8, 1024, T8_EPI8, ST_8B_NT, )
+DEFINE_TILES(t_u8_x8, uint8_t, 8, 8, 256, T8_EPI8, ST_8B, )
 
 /* most of 16 consecutive destination rows that share one of L1's 64 sets: rows whose
    stride is near a multiple of 4 KiB (channels-last planes of 32760 bytes, say) collide */
@@ -262,20 +295,25 @@ static int have_avx2(void) {
 static int64_t transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int64_t an,
                                int64_t bd, int64_t as, int stream) {
   int avx2 = have_avx2();
-  int64_t m = item == 1 ? 16 : item == 8 ? 4 : 8;
   if ((item == 8 && !avx2) || an < 16) return 0;
-  int64_t rows = bn < m || (item == 4 && !avx2) ? 0 : bn - bn % m;
   /* streaming stores need 16-byte aligned destination rows */
-  int nt = stream && rows && ((uintptr_t)d & 15) == 0 && ((bd * (int64_t)item) & 15) == 0;
+  int nt = stream && ((uintptr_t)d & 15) == 0 && ((bd * (int64_t)item) & 15) == 0;
+  int crowded = !nt && set_crowding(bd * (int64_t)item) > 3;
+  int64_t m = item == 8 ? 4 : item == 1 && !crowded && !nt ? 16 : 8;
+  int64_t rows = bn < m || (item == 4 && !avx2) ? 0 : bn - bn % m;
+  nt = nt && rows;
   if (rows) {
     switch (item) {
-      case 1: (nt ? t_u8_nt : t_u8)((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as); break;
+      case 1:
+        if (nt) t_u8_nt((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as);
+        else if (crowded) t_u8_x8((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as);
+        else t_u8((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as);
+        break;
       case 2: (nt ? t_u16_nt : t_u16)((uint16_t*)d, (const uint16_t*)s, rows, an, bd, as); break;
       case 4:
         if (nt) t_u32_nt((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
-        else if (set_crowding(bd * 4) <= 3)
-          t_u32_x16((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
-        else t_u32((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
+        else if (crowded) t_u32((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
+        else t_u32_x16((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
         break;
       case 8: (nt ? t_u64_nt : t_u64)((uint64_t*)d, (const uint64_t*)s, rows, an, bd, as); break;
       default: return 0;

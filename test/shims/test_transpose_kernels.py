@@ -90,14 +90,17 @@ def test_permuted_views_gather_in_logical_order(dtype, shape, perm):
     assert torch.equal(_bits(flat), _bits(src.reshape(-1)))
 
 
-@pytest.mark.parametrize("hw", [1024, 1000, 1023], ids=["crowded", "spread", "odd"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.int8, torch.float64], ids=str
+)
+@pytest.mark.parametrize("hw", [4096, 1024, 1000, 1023], ids=["4k", "1k", "spread", "odd"])
 @pytest.mark.parametrize("channels", [32, 40, 19])
-def test_channels_last_plane_strides(hw, channels):
-    """Plane strides of 4 KiB (8-row tiles), 4000 bytes (16-row tiles), odd (unaligned)."""
-    x = _make((1, hw, channels), torch.float32).permute(0, 2, 1)  # [1, C, HW] channels-last
-    out = torch.empty(1, channels * hw)
+def test_channels_last_plane_strides(dtype, hw, channels):
+    """Plane strides near a multiple of 4 KiB (8-row tiles), spread (16-row), odd (unaligned)."""
+    x = _make((1, hw, channels), dtype).permute(0, 2, 1)  # [1, C, HW] channels-last
+    out = torch.empty(1, channels * hw, dtype=dtype)
     view_copy(x, [1, channels * hw], out)
-    assert torch.equal(out, x.reshape(1, -1))
+    assert torch.equal(_bits(out), _bits(x.reshape(1, -1)))
 
 
 def test_nan_payloads_and_signed_zeros_survive():
