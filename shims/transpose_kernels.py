@@ -325,6 +325,11 @@ static int64_t transpose_tiles(void* d, const void* s, size_t item, int64_t bn, 
     t_u32_x4((uint32_t*)d + rows * bd, (const uint32_t*)s + rows, more, an, bd, as);
     rows += more;
   }
+  if (item == 1 && !nt && bn - rows >= 8) { /* 8 rows at a time after the 16s */
+    int64_t more = (bn - rows) & ~(int64_t)7;
+    t_u8_x8((uint8_t*)d + rows * bd, (const uint8_t*)s + rows, more, an, bd, as);
+    rows += more;
+  }
   return rows;
 }
 #else
