@@ -208,9 +208,16 @@ def render(result: dict[str, Any]) -> str:
                 for r in rows:
                     e = r["extra"]
                     lines.append("")
+                    overhead = e.get("method_overhead_us")
                     lines.append(
                         f"{r['case']}: {e['shim_calls_per_run']} shim calls per run; "
-                        f"etmetal path: {e['delegate_path']}."
+                        f"etmetal path: {e['delegate_path']}"
+                        + (
+                            f"; the Method around the delegate (input copy into planned "
+                            f"memory, output clone, instruction loop) adds {overhead:.1f} us."
+                            if overhead is not None
+                            else "."
+                        )
                     )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -21,6 +21,7 @@ from .storage import (
     contiguous_strides,
     is_packed,
     packed_extent,
+    policy_changed,
 )
 
 ALLOCATORS: dict[int, Allocator] = {DEVICE_CPU: HOST_ALLOCATOR}
@@ -29,6 +30,7 @@ ALLOCATORS: dict[int, Allocator] = {DEVICE_CPU: HOST_ALLOCATOR}
 def register_allocator(allocator: Allocator) -> None:
     """Make ``empty_strided`` on ``allocator.device_type`` allocate through it."""
     ALLOCATORS[allocator.device_type] = allocator
+    policy_changed()
 
 
 def _allocator(device_type: int, device_index: int) -> Allocator:

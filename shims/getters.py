@@ -107,7 +107,7 @@ def aoti_torch_is_contiguous(tensor, ret_is_contiguous):
 
 @shim
 def aoti_torch_is_defined(tensor, ret_is_defined):
-    put_bool(ret_is_defined, bool(tensor) and tensor in state.HANDLES, "ret_is_defined")
+    put_bool(ret_is_defined, state.is_live(tensor), "ret_is_defined")
 
 
 @shim

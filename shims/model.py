@@ -16,6 +16,7 @@ import torch
 from . import state
 from .bridge import Bridge, BridgeError, load_bridge
 from .native import NativeBuildError, link_wrapper
+from .steady_run import SteadyRun
 from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor, tensor_from_torch
 
 
@@ -111,6 +112,8 @@ class AotiModel:
         self._bind_api()
         AotiModel._open += 1
         self._counted = True
+        if state.NATIVE is not None:
+            state.NATIVE.set_caching(True)
         with state.RUN_LOCK:
             previous = state.set_materialize(self.materialize)
             try:
@@ -137,6 +140,7 @@ class AotiModel:
                 raise AotiModelError(f"{self.so_path.name} has no {name}: not an AOTI model")
             fn.argtypes, fn.restype = argtypes, ctypes.c_int32
         self._run_fn = lib.AOTInductorModelContainerRun
+        self._steady: SteadyRun | None = None
 
     def _check(self, rc: int, step: str) -> None:
         if rc == 0:
@@ -170,6 +174,12 @@ class AotiModel:
             self._in_arr = (ctypes.c_void_p * max(self.num_inputs, 1))()
             self._out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
             self._input_cache: dict[tuple, Tensor] = {}
+            self._steady = SteadyRun(
+                ctypes.cast(self._run_fn, ctypes.c_void_p).value,
+                handle.value,
+                self.num_inputs,
+                self.num_outputs,
+            )
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
             if num_constants:
                 need = self._size("AOTInductorModelContainerGetConstantsBlobSize")
@@ -251,8 +261,12 @@ class AotiModel:
             else:
                 os.environ[key] = saved
 
-    def _take_output(self, handle: int) -> torch.Tensor:
-        """The output as a torch tensor: adopted when it owns its storage alone, else copied."""
+    def _take_output(self, handle: int, i: int) -> torch.Tensor:
+        """The output as a torch tensor: adopted when it owns its storage alone, else copied.
+
+        A native output (made by the bridge) teaches the steady run its geometry."""
+        native = state.NATIVE
+        predictable = native is not None and native.read(handle) is not None
         t = state.lookup(handle, "output")
         view = t.torch()
         if t.storage.owned and t.storage.count == 1:
@@ -261,6 +275,8 @@ class AotiModel:
         else:
             result = view.clone()
         state.unregister(handle)
+        if self._steady is not None:
+            self._steady.learn_output(i, result if predictable else None)
         return result
 
     def run(
@@ -272,6 +288,25 @@ class AotiModel:
         can). With ``outputs``, copies each result into the caller's tensor (resizing it
         when the shape differs, for dynamic shapes) and returns them.
         """
+        results = self.run_into(inputs, outputs)
+        if outputs is None:
+            return results
+        for i, (dst, src) in enumerate(zip(outputs, results)):
+            if src is None:  # already written into dst
+                continue
+            if dst.dtype != src.dtype:
+                raise AotiModelError(f"output {i}: dtype {src.dtype}, caller's tensor {dst.dtype}")
+            if dst.shape != src.shape:
+                dst.resize_(src.shape)
+            dst.copy_(src)
+        return list(outputs)
+
+    def run_into(
+        self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor | None]:
+        """Run once; results that came back with exactly the geometry of ``outputs[i]`` are
+        written there directly (None in the returned list), the others are returned as
+        new tensors for the caller to place (dynamic shapes, layouts that changed)."""
         if self._container is None:
             raise AotiModelError(f"{self.so_path.name}: model is closed")
         if outputs is not None and len(outputs) != self.num_outputs:
@@ -280,15 +315,37 @@ class AotiModel:
             )
         with state.RUN_LOCK:
             previous = state.FLAGS.materialize
-            if previous == self.materialize:  # the usual case: nothing to switch
-                return self._run_locked(inputs, outputs)
-            state.set_materialize(self.materialize)
-            try:
-                return self._run_locked(inputs, outputs)
-            finally:
-                state.set_materialize(previous)
+            if previous != self.materialize:
+                state.set_materialize(self.materialize)
+                try:
+                    return self._run_locked(inputs, outputs, None)
+                finally:
+                    state.set_materialize(previous)
+            ran = None if self._first_run else self._steady.run(inputs, outputs)
+            if ran is not None and ran[0] == 0 and not ran[2]:
+                return ran[1]  # the usual case: everything went through etm_run
+            return self._run_locked(inputs, outputs, ran)
 
-    def _run_locked(self, inputs, outputs) -> list[torch.Tensor]:
+    def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
+        """Finish a steady run (``ran``) that needs Python, or run the general way."""
+        if ran is None and not self._first_run:
+            ran = self._steady.run(inputs, outputs)
+        if ran is None:
+            return self._run_general(inputs)
+        rc, results, pending = ran
+        if rc != 0:
+            for h in results:
+                if type(h) is int and state.is_live(h):
+                    state.unregister(h)
+            self._check(rc, "run")
+        if pending:
+            for i, h in enumerate(results):
+                if type(h) is int:
+                    results[i] = self._take_output(h, i)
+        return results
+
+    def _run_general(self, inputs) -> list[torch.Tensor]:
+        """Every run's path until the outputs are known, and whenever the steady one cannot."""
         handles = self._input_handles(inputs)
         in_arr, out_arr = self._in_arr, self._out_arr  # reused: one run at a time (RUN_LOCK)
         for i, h in enumerate(handles):
@@ -305,13 +362,12 @@ class AotiModel:
             )
         produced = out_arr[: self.num_outputs]
         # inputs are stolen by the container; release any it left behind (e.g. on failure)
-        live = state.HANDLES
         for h in handles:
-            if h in live and h not in produced:
+            if h not in produced and state.is_live(h):
                 state.unregister(h)
         if rc != 0:
             for h in produced:
-                if h and h in state.HANDLES:
+                if state.is_live(h):
                     state.unregister(h)
             self._check(rc, "run")
         if calls.value == before:
@@ -321,18 +377,10 @@ class AotiModel:
             )
         results = []
         for i, h in enumerate(produced):
-            if not h or h not in state.HANDLES:
+            if not state.is_live(h):
                 raise AotiModelError(f"{self.so_path.name}: output {i} is not a live shim tensor")
-            results.append(self._take_output(h))
-        if outputs is None:
-            return results
-        for i, (dst, src) in enumerate(zip(outputs, results)):
-            if dst.dtype != src.dtype:
-                raise AotiModelError(f"output {i}: dtype {src.dtype}, caller's tensor {dst.dtype}")
-            if dst.shape != src.shape:
-                dst.resize_(src.shape)
-            dst.copy_(src)
-        return list(outputs)
+            results.append(self._take_output(h, i))
+        return results
 
     def close(self) -> None:
         """Delete the container (its constants go with it) and forget the weights."""
@@ -348,6 +396,8 @@ class AotiModel:
             AotiModel._open -= 1
             if AotiModel._open == 0:
                 HOST_ALLOCATOR.empty_cache()
+                if state.NATIVE is not None:
+                    state.NATIVE.set_caching(False)
 
     def __enter__(self) -> AotiModel:
         return self

@@ -14,7 +14,9 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor
+from . import native_tensors
+from .dtypes import DEVICE_CPU, ITEMSIZE
+from .storage import HOST_ALLOCATOR, POLICY_HOOKS, ShimError, Storage, Tensor
 
 # handles look like aligned pointers; never 0 (NULL)
 _HANDLE_BASE = 0x7E70_0000_0000
@@ -49,15 +51,23 @@ class MemoryStats:
     borrowed_storages: int
     cached_bytes: int  # freed host buffers kept for reuse (HOST_ALLOCATOR.empty_cache())
 
+    def live(self) -> tuple[int, int, int]:
+        """(tensors, storages, bytes): what must come back to its value when work is undone."""
+        return self.tensors, self.storages, self.bytes
+
 
 def memory_stats() -> MemoryStats:
+    """Python's tensors and storages plus the native ones (one storage per native tensor)."""
     owned = [s for s in LIVE_STORAGES.values() if s.owned]
+    native = NATIVE
+    n_live = native.counter("live") if native else 0
+    n_borrowed = native.counter("borrowed") if native else 0
     return MemoryStats(
-        tensors=len(HANDLES),
-        storages=len(LIVE_STORAGES),
-        bytes=sum(s.nbytes for s in owned),
-        borrowed_storages=len(LIVE_STORAGES) - len(owned),
-        cached_bytes=HOST_ALLOCATOR.cached_bytes,
+        tensors=len(HANDLES) + n_live,
+        storages=len(LIVE_STORAGES) + n_live,
+        bytes=sum(s.nbytes for s in owned) + (native.counter("bytes") if native else 0),
+        borrowed_storages=len(LIVE_STORAGES) - len(owned) + n_borrowed,
+        cached_bytes=HOST_ALLOCATOR.cached_bytes + (native.counter("cached") if native else 0),
     )
 
 
@@ -84,11 +94,15 @@ class Records:
     in place), marked dead when it is deleted. Layout: see ``bridge._RECORD_C``.
     """
 
-    MAX_DIMS = 8
-    SIZE = 176  # 5 int64 + 2 int32 + 2 x int64[8]
+    MAX_DIMS = native_tensors.MAX_DIMS
+    SIZE = native_tensors.RECORD_SIZE
 
-    def __init__(self, base: int, memory: memoryview, count: int) -> None:
-        self.base, self.end, self.memory = base, base + count * self.SIZE, memory
+    def __init__(self, base: int, memory: memoryview, count: int, total: int) -> None:
+        """``count`` slots from ``base`` are Python's; the table has ``total`` (the rest are
+        native tensors', see ``native_tensors``)."""
+        self.base, self.memory = base, memory
+        self.python_end = base + count * self.SIZE
+        self.end = base + total * self.SIZE
         # FIFO reuse: a stale handle (double delete, use after delete) stays dead for as
         # long as possible, so it is reported instead of aliasing a new tensor
         self.free = deque(range(count))
@@ -127,12 +141,59 @@ class Records:
         return self.base + off
 
     def delete(self, handle: int) -> None:
+        if handle >= self.python_end:  # an adopted native tensor: its slot is C's
+            NATIVE.release_slot(handle)
+            return
         off = handle - self.base
         self._dead(self.memory, off, 0)
         self.free.append(off // self.SIZE)
 
 
 RECORDS: Records | None = None  # set when the bridge is loaded
+NATIVE: native_tensors.NativeTensors | None = None  # likewise
+
+
+def sync_native_policy() -> None:
+    """Serve allocations natively only while host memory is plain: a poisoning fill byte or
+    a replaced host allocator must see every allocation."""
+    from .core import ALLOCATORS  # core registers shims that use this module
+
+    native = NATIVE
+    if native is None:
+        return
+    plain = HOST_ALLOCATOR.fill_byte is None and ALLOCATORS.get(DEVICE_CPU) is HOST_ALLOCATOR
+    native.set_limit(native_tensors.NATIVE_LIMIT if plain else 0)
+
+
+POLICY_HOOKS.append(sync_native_policy)
+
+
+def _adopt_native(handle: int) -> Tensor | None:
+    """Turn a live native tensor into Python's (see ``native_tensors``); None if not one."""
+    native = NATIVE
+    rec = native.read(handle) if native is not None else None
+    if rec is None:
+        return None
+    if rec.kind == native_tensors.OWNED:
+        storage = Storage.native(rec.data_ptr, rec.storage_bytes, native.free_memory)
+    else:  # a run's input: borrow the caller's whole storage
+        base = rec.data_ptr - rec.offset * ITEMSIZE[rec.dtype]
+        storage = Storage(base, rec.storage_bytes, owned=False)
+    tensor = Tensor(storage, rec.dtype, rec.sizes, rec.strides, rec.offset)
+    native.disown(handle)
+    LIVE_STORAGES[id(storage)] = storage
+    storage.count = 1
+    HANDLES[handle] = tensor
+    return tensor
+
+
+def is_live(handle: int | None) -> bool:
+    """True when ``handle`` names a live tensor, Python's or native."""
+    if not handle:
+        return False
+    if handle in HANDLES:
+        return True
+    return NATIVE is not None and NATIVE.read(handle) is not None
 
 
 def register(tensor: Tensor) -> int:
@@ -157,9 +218,11 @@ def lookup(handle: int | None, what: str = "tensor") -> Tensor:
         raise ShimError(f"{what} handle is NULL")
     tensor = HANDLES.get(handle)
     if tensor is None:
-        raise ShimError(
-            f"{what} handle {handle:#x} is not a live tensor (deleted or never created)"
-        )
+        tensor = _adopt_native(handle)
+        if tensor is None:
+            raise ShimError(
+                f"{what} handle {handle:#x} is not a live tensor (deleted or never created)"
+            )
     return tensor
 
 
@@ -168,6 +231,8 @@ def unregister(handle: int | None) -> None:
     if not handle:
         raise ShimError("tensor handle is NULL")
     tensor = HANDLES.pop(handle, None)
+    if tensor is None and NATIVE is not None and NATIVE.delete(handle):
+        return
     if tensor is None:
         raise ShimError(
             f"tensor handle {handle:#x} is not a live tensor (double delete or never created)"

@@ -19,6 +19,15 @@ import torch
 
 from .dtypes import DEVICE_CPU, DTYPE_TO_TORCH, ITEMSIZE, TORCH_TO_DTYPE
 
+# called when host allocation policy changes (a fill byte, a new allocator): the bridge
+# serves allocations natively only while host memory is plain (state.sync_native_policy)
+POLICY_HOOKS: list = []
+
+
+def policy_changed() -> None:
+    for hook in POLICY_HOOKS:
+        hook()
+
 
 class ShimError(Exception):
     """A shim call was given something invalid; reported to C as AOTI_TORCH_FAILURE."""
@@ -52,10 +61,19 @@ class HostAllocator(Allocator):
     def __init__(self, cache_limit_bytes: int = 256 << 20) -> None:
         self.cache_limit_bytes = cache_limit_bytes
         self.cached_bytes = 0
-        # debugging: fill every buffer handed out with this byte (0xFF: NaN for floats), so
-        # reads of memory nobody wrote show up instead of seeing stale values
-        self.fill_byte: int | None = None
+        self._fill_byte: int | None = None
         self._free: dict[int, list[torch.Tensor]] = {}
+
+    @property
+    def fill_byte(self) -> int | None:
+        """Debugging: fill every buffer handed out with this byte (0xFF: NaN for floats), so
+        reads of memory nobody wrote show up instead of seeing stale values."""
+        return self._fill_byte
+
+    @fill_byte.setter
+    def fill_byte(self, value: int | None) -> None:
+        self._fill_byte = value
+        policy_changed()
 
     def allocate(self, nbytes: int) -> torch.Tensor:
         buf = self._allocate(nbytes)
@@ -113,6 +131,7 @@ class Storage:
         "_buffer",
         "_allocator",
         "_typed",
+        "_block",
     )
 
     def __init__(
@@ -133,6 +152,7 @@ class Storage:
         self._buffer = buffer
         self._allocator = allocator
         self._typed: dict[int, torch.Tensor] = {}
+        self._block = None
 
     @classmethod
     def allocate(cls, nbytes: int, allocator: Allocator = HOST_ALLOCATOR) -> Storage:
@@ -145,6 +165,16 @@ class Storage:
             buffer=buf,
             allocator=allocator,
         )
+
+    @classmethod
+    def native(cls, ptr: int, nbytes: int, free) -> Storage:
+        """Own an allocation the bridge made (``native_tensors``); ``free(ptr, nbytes)`` gives
+        it back once neither this storage nor any ATen view of it is left."""
+        from .native_tensors import NativeBlock
+
+        storage = cls(ptr, nbytes, owned=True)
+        storage._block = NativeBlock(ptr, nbytes, free)
+        return storage
 
     @classmethod
     def adopt(cls, tensor: torch.Tensor) -> Storage:
@@ -164,7 +194,11 @@ class Storage:
     @property
     def buffer(self) -> torch.Tensor:
         if self._buffer is None:
-            self._buffer = _buffer_at(self.ptr, self.nbytes)
+            if self._block is not None and self.nbytes:
+                # the ATen buffer keeps the native block (and so the memory) alive
+                self._buffer = torch.frombuffer(self._block.array(), dtype=torch.uint8)
+            else:
+                self._buffer = _buffer_at(self.ptr, self.nbytes)
         return self._buffer
 
     def typed(self, dtype: int) -> torch.Tensor:
@@ -190,7 +224,7 @@ class Storage:
     def release(self) -> None:
         """Called when the last tensor goes: owned memory is returned, borrowed is left alone."""
         buffer, allocator, viewed = self._buffer, self._allocator, bool(self._typed)
-        self._buffer = self._allocator = None
+        self._buffer = self._allocator = self._block = None  # a native block frees when unviewed
         self._typed = {}
         if self.owned and allocator is not None and buffer is not None:
             # a buffer only kernels touched (never viewed by ATen) cannot be referenced elsewhere
