@@ -5,9 +5,10 @@ rejects the rest. ``view_copy`` is defined on logical element order: the result 
 input's elements in row-major order of its logical shape, whatever the input's and the
 out tensor's physical layouts are. A dense default-order input and out take one flat copy.
 When only one side is in default order (channels-last input, say) the copy is a
-transpose; the shims' native tiled strided copy does it at 0.6-0.9 of a contiguous copy's bandwidth
-(``etmetal bench overhead``), with
-torch as the fallback for what it does not take (both sides permuted, odd dtypes).
+transpose; the shims' native tiled strided copy does it at 0.6-0.9 of a contiguous copy's
+bandwidth (``etmetal bench overhead``), with torch as the fallback for what it does not
+take (both sides permuted, odd dtypes). A contiguous out is gathered into directly, with
+no view of it made: at 1 MiB the Python path is a tenth of the call.
 """
 
 from __future__ import annotations
