@@ -5,15 +5,17 @@ rejects the rest. ``view_copy`` is defined on logical element order: the result 
 input's elements in row-major order of its logical shape, whatever the input's and the
 out tensor's physical layouts are. A dense default-order input and out take one flat copy.
 When only one side is in default order (channels-last input, say) the copy is a
-transpose; the shims' native tiled strided copy does it at near-copy bandwidth, with
-torch as the fallback for what it does not take (both sides permuted, odd dtypes).
+transpose; the shims' native tiled strided copy does it at 0.6-0.9 of a contiguous copy's
+bandwidth (``etmetal bench overhead``), with torch as the fallback for what it does not
+take (both sides permuted, odd dtypes). A contiguous out is gathered into directly, with
+no view of it made: at 1 MiB the Python path is a tenth of the call.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...shims.strided_copy import strided_copy
+from ...shims.strided_copy import gather_contiguous, strided_copy
 from ..layout import numel, resize_in_dim_order
 from .registry import register_kernel
 
@@ -46,24 +48,30 @@ def target_size(self_shape: list[int], size: list[int]) -> list[int]:
 
 @register_kernel("aten::view_copy.out", num_returns=1)
 def view_copy(self: torch.Tensor, size: list[int], out: torch.Tensor) -> None:
-    sizes = target_size(list(self.shape), size)
-    if list(out.shape) != sizes:
-        if out.dim() != len(sizes):
-            raise ValueError(
-                f"view_copy: out tensor is {out.dim()}-D but size {sizes} is {len(sizes)}-D"
-            )
-        resize_in_dim_order(out, sizes)
+    out_shape = list(out.shape)
+    # planned out already has the target shape (the usual case): nothing to infer or resize
+    if out_shape == size and out.numel() == self.numel():
+        sizes = out_shape
+    else:
+        sizes = target_size(list(self.shape), size)
+        if out_shape != sizes:
+            if out.dim() != len(sizes):
+                raise ValueError(
+                    f"view_copy: out tensor is {out.dim()}-D but size {sizes} is {len(sizes)}-D"
+                )
+            resize_in_dim_order(out, sizes)
     if self.dtype != out.dtype:
         raise ValueError(f"view_copy: input dtype {self.dtype} != out dtype {out.dtype}")
     if out.numel() == 0:
         return
-    if self.is_contiguous() and out.is_contiguous():
-        # logical order == memory order on both sides: one flat copy
-        out.view(-1).copy_(self.view(-1))
-    elif out.is_contiguous() and strided_copy(out.view(self.shape), self):
-        pass  # gathered in logical order straight into out
+    if out.is_contiguous():
+        if self.is_contiguous():
+            # logical order == memory order on both sides: one flat copy
+            out.view(-1).copy_(self.view(-1))
+            return
+        if gather_contiguous(out, self):
+            return  # gathered in logical order straight into out
     elif self.is_contiguous() and strided_copy(out, self.view(sizes)):
-        pass  # scattered by out's strides
-    else:
-        # gather in logical order (reshape copies strided inputs), scatter by out's strides
-        out.copy_(self.reshape(sizes))
+        return  # scattered by out's strides
+    # gather in logical order (reshape copies strided inputs), scatter by out's strides
+    out.copy_(self.reshape(sizes))
