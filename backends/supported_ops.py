@@ -41,6 +41,8 @@ SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {
             # Inductor routes CPU scaled-dot-product attention here (math semantics)
             "aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu",
             "aoti_torch_cpu_topk",
+            "aoti_torch_cpu_avg_pool2d",
+            "aoti_torch_cpu_avg_pool3d",
         }
     ),
     MPS: frozenset(
@@ -86,6 +88,23 @@ MAY_FALL_BACK: dict[Any, str] = {
     aten._adaptive_avg_pool2d.default: "_adaptive_avg_pool2d",
     aten.adaptive_max_pool2d.default: "adaptive_max_pool2d",
 }
+# average pools fall back to ATen for windows over 25 elements that overlap (Inductor's
+# _avg_poolnd)
+_AVG_POOLS = {aten.avg_pool2d.default: "avg_pool2d", aten.avg_pool3d.default: "avg_pool3d"}
+
+
+def _avg_pool_falls_back(node: torch.fx.Node) -> bool:
+    dims = 2 if node.target is aten.avg_pool2d.default else 3
+    args = list(node.args) + [None] * 3
+    kernel = list(args[1]) * (dims if len(args[1]) == 1 else 1)
+    stride = list(args[2] or node.kwargs.get("stride") or kernel)
+    stride = stride * (dims if len(stride) == 1 else 1)
+    window = 1
+    for k in kernel:
+        window *= int(k)
+    return window > 25 and any(int(k) != int(s) for k, s in zip(kernel, stride))
+
+
 # integer powers are not generated
 _INTEGER_POW = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar}
 
@@ -267,6 +286,8 @@ class TargetCapabilities:
             return f"aoti_torch_{self.device}_{EXTERN_LOWERINGS[op]}"
         if op in MAY_FALL_BACK:
             return f"aoti_torch_{self.device}_{MAY_FALL_BACK[op]}"
+        if op in _AVG_POOLS and _avg_pool_falls_back(node):
+            return f"aoti_torch_{self.device}_{_AVG_POOLS[op]}"
         if op in _INTEGER_POW:
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor) and not val.is_floating_point():

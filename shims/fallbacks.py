@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .core import adopt_result
-from .registry import emit, need_out, read_f64, read_i64s, read_ptr, shim, shim_as
+from .registry import emit, need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim, shim_as
 from .state import lookup
 from .storage import ShimError, is_packed
 
@@ -138,6 +138,30 @@ def adaptive_avg_pool2d(self, output_size, output_size_len, ret0):
     _ret(ret0, y, "ret0")
 
 
+def _avg_pool(op):
+    """``avg_pool{2,3}d``: Inductor calls ATen's for windows over 25 elements that overlap."""
+
+    def avg_pool(
+        self, kernel, kernel_len, stride, stride_len, pad, pad_len, ceil, count_pad, divisor, ret0
+    ):
+        need_out((ret0, "ret0"))
+        divisor = read_opt_i64(divisor)
+        if divisor == 0:
+            raise ShimError(f"{op.__name__}: divisor_override must be non-zero")
+        y = op(
+            _in(self, "self"),
+            read_i64s(kernel, kernel_len, "kernel_size"),
+            read_i64s(stride, stride_len, "stride"),
+            read_i64s(pad, pad_len, "padding"),
+            bool(ceil),
+            bool(count_pad),
+            divisor,
+        )
+        _ret(ret0, y, "ret0")
+
+    return avg_pool
+
+
 def max_pool2d_with_indices(
     self, kernel, kernel_len, stride, stride_len, pad, pad_len, dil, dil_len, ceil, ret0, ret1
 ):
@@ -219,5 +243,7 @@ for _prefix in ("aoti_torch_cpu_", "aoti_torch_mps_"):
         ("convolution", convolution),
         ("_adaptive_avg_pool2d", adaptive_avg_pool2d),
         ("max_pool2d_with_indices", max_pool2d_with_indices),
+        ("avg_pool2d", _avg_pool(aten.avg_pool2d)),
+        ("avg_pool3d", _avg_pool(aten.avg_pool3d)),
     ):
         shim_as(_prefix + _name, _fn)

@@ -108,6 +108,13 @@ def read_ptr(addr: int | None, what: str) -> int | None:
     return _ptr.from_address(addr).value
 
 
+def read_opt_i64(addr: int | None) -> int | None:
+    """Dereference an optional ``int64_t*``."""
+    if not addr:
+        return None
+    return _i64.from_address(addr).value
+
+
 def read_f64(addr: int | None) -> float | None:
     """Dereference an optional ``double*``."""
     if not addr:

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from .dtypes import DEVICE_CPU, DTYPE_TO_TORCH, ITEMSIZE, TORCH_TO_DTYPE
+from .native_tensors import NativeBlock
 
 # called when host allocation policy changes (a fill byte, a new allocator): the bridge
 # serves allocations natively only while host memory is plain (state.sync_native_policy)
@@ -170,8 +171,6 @@ class Storage:
     def native(cls, ptr: int, nbytes: int, free) -> Storage:
         """Own an allocation the bridge made (``native_tensors``); ``free(ptr, nbytes)`` gives
         it back once neither this storage nor any ATen view of it is left."""
-        from .native_tensors import NativeBlock
-
         storage = cls(ptr, nbytes, owned=True)
         storage._block = NativeBlock(ptr, nbytes, free)
         return storage

@@ -229,6 +229,14 @@ class _Fn(nn.Module):
         return self.fn(*xs)
 
 
+def _avg2d(kernel: int, stride: int):
+    return lambda x: torch.nn.functional.avg_pool2d(x, kernel, stride)
+
+
+def _avg3d(kernel: int, stride: int):
+    return lambda x: torch.nn.functional.avg_pool3d(x, kernel, stride)
+
+
 @pytest.mark.parametrize(
     ("fn", "inputs", "op", "supported", "why"),
     [
@@ -245,6 +253,11 @@ class _Fn(nn.Module):
         ),
         (lambda x: torch.sort(x)[0], [(3, 6)], "aten.sort.default", False, "cpu_sort_stable"),
         (lambda x: torch.nonzero(x), [(3, 6)], "aten.nonzero.default", False, "data-dependent"),
+        # Inductor generates small or non-overlapping windows, falls back for the others
+        (_avg2d(2, 2), [(1, 2, 8, 8)], "aten.avg_pool2d.default", True, "generated kernel"),
+        (_avg2d(6, 6), [(1, 2, 12, 12)], "aten.avg_pool2d.default", True, "generated kernel"),
+        (_avg2d(6, 2), [(1, 2, 12, 12)], "aten.avg_pool2d.default", True, "cpu_avg_pool2d"),
+        (_avg3d(3, 2), [(1, 2, 6, 6, 6)], "aten.avg_pool3d.default", True, "cpu_avg_pool3d"),
     ],
 )
 def test_host_capabilities(fn, inputs, op, supported, why):
@@ -260,3 +273,11 @@ def test_getitem_follows_its_producer():
     )
     assert node.target is operator.getitem
     assert not TargetCapabilities("host").check_node(node).supported
+
+
+def test_avg_pool_fallback_stays_out_on_mps():
+    """The stock Metal runtime has no avg_pool3d shim: a falling-back pool is kept out there."""
+    x = torch.randn(1, 2, 6, 6, 6)
+    node = _node(_Fn(_avg3d(3, 2)), x, op="aten.avg_pool3d.default")
+    verdict = TargetCapabilities("mps").check_node(node)
+    assert not verdict.supported and "aoti_torch_mps_avg_pool3d" in verdict.reason
