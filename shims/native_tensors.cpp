@@ -189,9 +189,12 @@ ETM_EXPORT int32_t etm_run(const etm_call* c) {
   for (int64_t i = 0; i < c->n_out; i++) c->out_handles[i] = nullptr;
   int32_t rc = c->run(c->container, c->in_handles, (size_t)c->n_in, c->out_handles,
                       (size_t)c->n_out, nullptr, nullptr);
-  for (int64_t i = 0; i < c->n_in; i++) {  // inputs the container did not delete
+  for (int64_t i = 0; i < c->n_in; i++) {  // inputs the container did not delete...
     etm_rec* r = etm_rec_of(c->in_handles[i]);
-    if (r && r->native) etm_native_delete(r);
+    if (!r || !r->native) continue;
+    bool returned = false;  // ...unless it handed one back as an output
+    for (int64_t j = 0; j < c->n_out && !returned; j++) returned = c->out_handles[j] == r;
+    if (!returned) etm_native_delete(r);
   }
   for (int64_t i = 0; i < c->n_out; i++) {
     etm_rec* r = etm_rec_of(c->out_handles[i]);
