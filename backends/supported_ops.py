@@ -43,6 +43,8 @@ SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {
             "aoti_torch_cpu_topk",
             "aoti_torch_cpu_avg_pool2d",
             "aoti_torch_cpu_avg_pool3d",
+            # Inductor's CPU decomposition of aten.lstm runs each layer in oneDNN
+            "aoti_torch_cpu_mkldnn_rnn_layer",
         }
     ),
     MPS: frozenset(
@@ -67,6 +69,7 @@ EXTERN_LOWERINGS: dict[Any, str] = {
     aten.baddbmm.default: "baddbmm_out",
     aten.convolution.default: "convolution",
     aten._int_mm.default: "_int_mm_out",
+    aten.mkldnn_rnn_layer.default: "mkldnn_rnn_layer",
 }
 
 # Lowerings that fall back to a shim depending on sizes, dtypes or device (Inductor

@@ -178,6 +178,38 @@ def max_pool2d_with_indices(
     _ret(ret1, idx, "ret1")
 
 
+@shim
+def aoti_torch_cpu_mkldnn_rnn_layer(
+    input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, batch_sizes_len, mode, hidden_size,
+    num_layers, has_biases, bidirectional, batch_first, train, ret0, ret1, ret2, ret3,
+):  # fmt: skip
+    """One LSTM layer: Inductor's CPU decomposition of ``aten.lstm`` calls oneDNN's."""
+    outs = ((ret0, "ret0"), (ret1, "ret1"), (ret2, "ret2"), (ret3, "ret3"))
+    need_out(*outs)
+    if train:
+        raise ShimError("mkldnn_rnn_layer: training mode is not supported at inference")
+    results = aten.mkldnn_rnn_layer(
+        _in(input, "input"),
+        _in(w0, "weight0"),
+        _in(w1, "weight1"),
+        _in(w2, "weight2"),
+        _in(w3, "weight3"),
+        _in(hx, "hx_"),
+        _in(cx, "cx_"),
+        bool(reverse),
+        list(read_i64s(batch_sizes, batch_sizes_len, "batch_sizes")),
+        mode,
+        hidden_size,
+        num_layers,
+        bool(has_biases),
+        bool(bidirectional),
+        bool(batch_first),
+        False,
+    )
+    for (addr, what), t in zip(outs, results):
+        _ret(addr, t, what)
+
+
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ShimError("attention: query, key and value must be 4-d (batch, heads, seq, dim)")

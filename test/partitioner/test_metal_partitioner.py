@@ -281,3 +281,12 @@ def test_avg_pool_fallback_stays_out_on_mps():
     node = _node(_Fn(_avg3d(3, 2)), x, op="aten.avg_pool3d.default")
     verdict = TargetCapabilities("mps").check_node(node)
     assert not verdict.supported and "aoti_torch_mps_avg_pool3d" in verdict.reason
+
+
+def test_lstm_is_judged_by_the_layer_kernel_inductor_calls():
+    lstm = nn.LSTM(8, 16, batch_first=True).eval()
+    node = _node(lstm, torch.randn(2, 5, 8), op="aten.lstm.input")
+    host = TargetCapabilities("host").check_node(node)
+    assert host.supported and "aoti_torch_cpu_mkldnn_rnn_layer" in host.reason
+    mps = TargetCapabilities("mps").check_node(node)  # no oneDNN there: matmuls instead
+    assert "mkldnn" not in mps.reason
