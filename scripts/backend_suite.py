@@ -235,14 +235,21 @@ _ERROR_LINE = re.compile(r"^E\s+((?:[\w.]+)(?:Error|Exception|Failure)\b.*)$", r
 
 def failure_causes(xml_path: Path, flow: str, top: int = 10) -> list[tuple[int, str]]:
     """The most frequent root errors of ``flow``'s failed cases: (count, message)."""
+    return _reasons(xml_path, flow, ("failure", "error"), top)
+
+
+def skip_reasons(xml_path: Path, flow: str, top: int = 10) -> list[tuple[int, str]]:
+    """Why ``flow``'s cases were skipped, most frequent first: (count, message)."""
+    return _reasons(xml_path, flow, ("skipped",), top)
+
+
+def _reasons(xml_path: Path, flow: str, tags: tuple[str, ...], top: int) -> list[tuple[int, str]]:
     counts: dict[str, int] = {}
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         name = case.get("name", "")
         if f"[{flow}-" not in name and f"[{flow}]" not in name:
             continue
-        node = case.find("failure")
-        if node is None:
-            node = case.find("error")
+        node = next((n for n in (case.find(t) for t in tags) if n is not None), None)
         if node is None:
             continue
         lines = [m for m in _ERROR_LINE.findall(node.text or "") if "Test failure." not in m]
@@ -304,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         xml_path = Path(tmp) / "suite.xml"
         for f in args.flows:
-            extra[f] = {"failure_causes": failure_causes(xml_path, f) if xml_path.exists() else []}
+            have = xml_path.exists()
+            extra[f] = {
+                "failure_causes": failure_causes(xml_path, f) if have else [],
+                "skip_reasons": skip_reasons(xml_path, f) if have else [],
+            }
             delegated = delegated_tests(Path(tmp), f)
             if delegated:
                 extra[f]["delegated_pass"] = sorted(
@@ -324,10 +335,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{flow:>10}: {len(info['delegated_pass'])} of {passed} passes ran delegated "
                 "programs (the rest lowered nothing to the delegate)"
             )
-        if info["failure_causes"]:
-            print(f"{flow:>10}: top failure causes:")
-            for n, cause in info["failure_causes"]:
-                print(f"    {n:4d}  {cause}")
+        for key, title in (("failure_causes", "failure causes"), ("skip_reasons", "skip reasons")):
+            if info[key]:
+                print(f"{flow:>10}: top {title}:")
+                for n, cause in info[key]:
+                    print(f"    {n:4d}  {cause}")
     for label, cases in summary["regressions"].items():
         print(f"{label}: {len(cases)}")
         for case in cases:
