@@ -288,9 +288,9 @@ class AotiModel:
         can). With ``outputs``, copies each result into the caller's tensor (resizing it
         when the shape differs, for dynamic shapes) and returns them.
         """
-        results = self.run_into(inputs, outputs)
         if outputs is None:
-            return results
+            return self.run_into(inputs)
+        results = self.run_into(inputs, outputs)
         for i, (dst, src) in enumerate(zip(outputs, results)):
             if src is None:  # already written into dst
                 continue

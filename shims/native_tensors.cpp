@@ -161,7 +161,7 @@ static int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* s
 // one steady-state run (native_tensors.RunCall): inputs from images, outputs copied out
 typedef int32_t (*etm_container_run)(void*, void**, size_t, void**, size_t, void*, void*);
 typedef struct {
-  int64_t dst, nbytes, dim;
+  int64_t nbytes, dim;
   int32_t dtype, pad;
   int64_t sizes[8], strides[8];
 } etm_out;
@@ -174,6 +174,7 @@ typedef struct {
   void** out_handles;
   int64_t n_out;
   const etm_out* outs;
+  const int64_t* dsts;  // where output i goes (0: nowhere, Python takes it)
 } etm_call;
 ETM_EXPORT int32_t etm_run(const etm_call* c) {
   if (etm_ring_get + (uint64_t)c->n_in > etm_ring_put) return ETM_NO_SLOT;
@@ -201,10 +202,11 @@ ETM_EXPORT int32_t etm_run(const etm_call* c) {
     if (!r || r->native != 1) continue;
     const etm_out* o = &c->outs[i];
     if (rc != 0) { etm_native_delete(r); c->out_handles[i] = nullptr; continue; }
-    if (!o->dst || r->dtype != o->dtype || r->dim != o->dim || r->storage_bytes != o->nbytes ||
+    int64_t dst = c->dsts[i];
+    if (!dst || r->dtype != o->dtype || r->dim != o->dim || r->storage_bytes != o->nbytes ||
         std::memcmp(r->sizes, o->sizes, 8 * o->dim) || std::memcmp(r->strides, o->strides, 8 * o->dim))
       continue;
-    std::memcpy((void*)(intptr_t)o->dst, (void*)(intptr_t)r->data_ptr, (size_t)o->nbytes);
+    std::memcpy((void*)(intptr_t)dst, (void*)(intptr_t)r->data_ptr, (size_t)o->nbytes);
     etm_native_delete(r);
     c->out_handles[i] = nullptr;
   }

@@ -71,10 +71,9 @@ INCLUDES = "#include <cstdlib>\n#include <cstring>\n#include <unordered_map>\n#i
 
 
 class OutSpec(ctypes.Structure):
-    """``etm_out``: where output i goes when it comes back with exactly this geometry."""
+    """``etm_out``: the geometry output i is predicted to come back with."""
 
     _fields_ = [
-        ("dst", ctypes.c_int64),
         ("nbytes", ctypes.c_int64),
         ("dim", ctypes.c_int64),
         ("dtype", ctypes.c_int32),
@@ -96,6 +95,7 @@ class RunCall(ctypes.Structure):
         ("out_handles", ctypes.c_void_p),
         ("n_out", ctypes.c_int64),
         ("outs", ctypes.c_void_p),
+        ("dsts", ctypes.c_void_p),
     ]
 
 

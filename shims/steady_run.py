@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -44,6 +45,8 @@ class SteadyRun:
         self._in_handles = (ctypes.c_void_p * max(n_in, 1))()
         self._out_handles = (ctypes.c_void_p * max(n_out, 1))()
         self._outs = (OutSpec * max(n_out, 1))()
+        self._specs = [self._outs[i] for i in range(n_out)]  # views made once, not per run
+        self._dsts = (ctypes.c_int64 * max(n_out, 1))()  # per run: where each output goes
         self._call = RunCall(
             run_fn,
             container,
@@ -53,21 +56,28 @@ class SteadyRun:
             ctypes.addressof(self._out_handles),
             n_out,
             ctypes.addressof(self._outs),
+            ctypes.addressof(self._dsts),
         )
         self._call_arg = ctypes.c_void_p(ctypes.addressof(self._call))
         self._etm_run = state.NATIVE.run
         self._keys: list[tuple | None] = [None] * n_in
         self.geometries: list[Geometry | None] = [None] * n_out
+        self._makers: list = [None] * n_out  # makes a new tensor of output i's geometry
 
     def learn_output(self, i: int, t: torch.Tensor | None) -> None:
         """Predict output ``i`` like ``t`` (None: do not predict it; it is not native)."""
-        spec = self._outs[i]
+        spec = self._specs[i]
         if t is None or t.dim() > MAX_DIMS or t.dtype not in TORCH_TO_DTYPE:
             self.geometries[i] = None
             spec.nbytes = -1  # never matches a record
             return
         geometry = self.geometries[i] = geometry_of(t)
         sizes, strides, dtype, nbytes = geometry
+        template = torch.empty_strided(sizes, strides, dtype=dtype)
+        if torch.empty_like(template).stride() == strides:
+            self._makers[i] = partial(torch.empty_like, template)  # the cheapest way
+        else:  # a view with holes: empty_like would pack it
+            self._makers[i] = partial(torch.empty_strided, sizes, strides, dtype=dtype)
         spec.dim, spec.dtype, spec.nbytes = len(sizes), TORCH_TO_DTYPE[dtype], nbytes
         spec.sizes[: len(sizes)] = sizes
         spec.strides[: len(strides)] = strides
@@ -110,19 +120,19 @@ class SteadyRun:
                     return None
         except (AttributeError, TypeError):  # not a tensor: the general path reports it
             return None
-        outs, results = self._outs, [None] * self.n_out
+        where, results = self._dsts, [None] * self.n_out
         for i, geometry in enumerate(self.geometries):
             if geometry is None:
-                outs[i].dst = 0
+                where[i] = 0
             elif dsts is not None:
                 d = dsts[i]
                 same = d.shape == geometry[0] and d.stride() == geometry[1]
-                outs[i].dst = d.data_ptr() if same and d.dtype == geometry[2] else 0
+                where[i] = d.data_ptr() if same and d.dtype == geometry[2] else 0
             elif geometry[3] <= COPY_LIMIT:
-                r = results[i] = torch.empty_strided(geometry[0], geometry[1], dtype=geometry[2])
-                outs[i].dst = r.data_ptr()
+                r = results[i] = self._makers[i]()
+                where[i] = r.data_ptr()
             else:
-                outs[i].dst = 0
+                where[i] = 0
         rc = self._etm_run(self._call_arg)
         if rc == NO_SLOT:
             return None
