@@ -213,8 +213,8 @@ def render(result: dict[str, Any]) -> str:
                         f"{r['case']}: {e['shim_calls_per_run']} shim calls per run; "
                         f"etmetal path: {e['delegate_path']}"
                         + (
-                            f"; the Method around the delegate (input copy into planned "
-                            f"memory, output clone, instruction loop) adds {overhead:.1f} us."
+                            f"; the .pte path (edge lowering's graph, the Method's input "
+                            f"checks and output handling) adds {overhead:.1f} us."
                             if overhead is not None
                             else "."
                         )

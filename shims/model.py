@@ -141,6 +141,7 @@ class AotiModel:
             fn.argtypes, fn.restype = argtypes, ctypes.c_int32
         self._run_fn = lib.AOTInductorModelContainerRun
         self._steady: SteadyRun | None = None
+        self._ready: SteadyRun | None = None  # the steady run, once the first run is done
 
     def _check(self, rc: int, step: str) -> None:
         if rc == 0:
@@ -256,6 +257,7 @@ class AotiModel:
             )
         finally:
             self._first_run = False
+            self._ready = self._steady
             if saved is None:
                 os.environ.pop(key, None)
             else:
@@ -307,29 +309,29 @@ class AotiModel:
         """Run once; results that came back with exactly the geometry of ``outputs[i]`` are
         written there directly (None in the returned list), the others are returned as
         new tensors for the caller to place (dynamic shapes, layouts that changed)."""
-        if self._container is None:
-            raise AotiModelError(f"{self.so_path.name}: model is closed")
         if outputs is not None and len(outputs) != self.num_outputs:
             raise AotiModelError(
                 f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
             )
         with state.RUN_LOCK:
-            previous = state.FLAGS.materialize
-            if previous != self.materialize:
-                state.set_materialize(self.materialize)
-                try:
-                    return self._run_locked(inputs, outputs, None)
-                finally:
-                    state.set_materialize(previous)
-            ran = None if self._first_run else self._steady.run(inputs, outputs)
-            if ran is not None and ran[0] == 0 and not ran[2]:
-                return ran[1]  # the usual case: everything went through etm_run
-            return self._run_locked(inputs, outputs, ran)
+            ready = self._ready
+            if ready is not None and state.FLAGS.materialize == self.materialize:
+                ran = ready.run(inputs, outputs)
+                if ran is not None and ran[0] == 0 and not ran[2]:
+                    return ran[1]  # the usual case: everything went through etm_run
+                return self._run_locked(inputs, outputs, ran)
+            if self._container is None:
+                raise AotiModelError(f"{self.so_path.name}: model is closed")
+            previous = state.set_materialize(self.materialize)
+            try:
+                return self._run_locked(inputs, outputs, None)
+            finally:
+                state.set_materialize(previous)
 
     def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""
-        if ran is None and not self._first_run:
-            ran = self._steady.run(inputs, outputs)
+        if ran is None and self._ready is not None:
+            ran = self._ready.run(inputs, outputs)
         if ran is None:
             return self._run_general(inputs)
         rc, results, pending = ran
@@ -384,6 +386,7 @@ class AotiModel:
 
     def close(self) -> None:
         """Delete the container (its constants go with it) and forget the weights."""
+        self._ready = None
         if self._container is not None:
             with state.RUN_LOCK:
                 rc = self._lib.AOTInductorModelContainerDelete(self._container)
