@@ -176,6 +176,7 @@ class Method:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._finalizer = weakref.finalize(self, _release, prepared.executors, isolation)
+        self._destroyed = False
         # a method that is one delegate call skips the planned-memory copies
         self._direct = DirectDelegateCall.for_plan(plan, table, prepared.executors, _set_input)
 
@@ -189,6 +190,7 @@ class Method:
 
     def destroy(self) -> None:
         """Release the delegates now (also happens when the method is garbage collected)."""
+        self._destroyed = True
         self._finalizer()
 
     def set_inputs(self, inputs: Sequence) -> None:
@@ -227,7 +229,7 @@ class Method:
                 self._owner = None
 
     def _execute(self, inputs: Sequence) -> list:
-        if not self._finalizer.alive:
+        if self._destroyed:
             raise ExecutionError(f"method {self._name!r} was destroyed", method=self._name)
         if self._direct is not None:
             return self._direct.execute(inputs)
