@@ -43,6 +43,7 @@ SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {
             "aoti_torch_cpu_topk",
             "aoti_torch_cpu_avg_pool2d",
             "aoti_torch_cpu_avg_pool3d",
+            "aoti_torch_cpu__adaptive_avg_pool3d",
             # Inductor's CPU decomposition of aten.lstm runs each layer in oneDNN
             "aoti_torch_cpu_mkldnn_rnn_layer",
         }

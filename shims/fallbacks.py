@@ -131,11 +131,13 @@ def convolution(
     _ret(ret0, y, "ret0")
 
 
-def adaptive_avg_pool2d(self, output_size, output_size_len, ret0):
-    y = aten._adaptive_avg_pool2d(
-        _in(self, "self"), read_i64s(output_size, output_size_len, "output_size")
-    )
-    _ret(ret0, y, "ret0")
+def _adaptive_avg_pool(op):
+    def adaptive_avg_pool(self, output_size, output_size_len, ret0):
+        need_out((ret0, "ret0"))
+        y = op(_in(self, "self"), read_i64s(output_size, output_size_len, "output_size"))
+        _ret(ret0, y, "ret0")
+
+    return adaptive_avg_pool
 
 
 def _avg_pool(op):
@@ -273,9 +275,12 @@ for _prefix in ("aoti_torch_cpu_", "aoti_torch_mps_"):
         ("baddbmm_out", baddbmm_out),
         ("topk", topk),
         ("convolution", convolution),
-        ("_adaptive_avg_pool2d", adaptive_avg_pool2d),
+        ("_adaptive_avg_pool2d", _adaptive_avg_pool(aten._adaptive_avg_pool2d)),
         ("max_pool2d_with_indices", max_pool2d_with_indices),
         ("avg_pool2d", _avg_pool(aten.avg_pool2d)),
         ("avg_pool3d", _avg_pool(aten.avg_pool3d)),
     ):
         shim_as(_prefix + _name, _fn)
+
+# host only: torch declares no mps version of it
+shim_as("aoti_torch_cpu__adaptive_avg_pool3d", _adaptive_avg_pool(aten._adaptive_avg_pool3d))

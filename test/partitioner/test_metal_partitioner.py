@@ -258,6 +258,13 @@ def _avg3d(kernel: int, stride: int):
         (_avg2d(6, 6), [(1, 2, 12, 12)], "aten.avg_pool2d.default", True, "generated kernel"),
         (_avg2d(6, 2), [(1, 2, 12, 12)], "aten.avg_pool2d.default", True, "cpu_avg_pool2d"),
         (_avg3d(3, 2), [(1, 2, 6, 6, 6)], "aten.avg_pool3d.default", True, "cpu_avg_pool3d"),
+        (
+            lambda x: torch.nn.functional.adaptive_avg_pool3d(x, (2, 2, 2)),
+            [(1, 2, 5, 6, 7)],
+            "aten.adaptive_avg_pool3d.default",
+            True,
+            "cpu__adaptive_avg_pool3d",
+        ),
     ],
 )
 def test_host_capabilities(fn, inputs, op, supported, why):
