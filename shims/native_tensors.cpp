@@ -175,8 +175,10 @@ typedef struct {
   int64_t n_out;
   const etm_out* outs;
   const int64_t* dsts;  // where output i goes (0: nowhere, Python takes it)
+  int64_t leftover;     // out: inputs Python adopted that the container left behind
+  int64_t pending;      // out: outputs left for Python to take
 } etm_call;
-ETM_EXPORT int32_t etm_run(const etm_call* c) {
+ETM_EXPORT int32_t etm_run(etm_call* c) {
   if (etm_ring_get + (uint64_t)c->n_in > etm_ring_put) return ETM_NO_SLOT;
   for (int64_t i = 0; i < c->n_in; i++) {
     etm_rec* r = etm_slot_take();
@@ -190,18 +192,22 @@ ETM_EXPORT int32_t etm_run(const etm_call* c) {
   for (int64_t i = 0; i < c->n_out; i++) c->out_handles[i] = nullptr;
   int32_t rc = c->run(c->container, c->in_handles, (size_t)c->n_in, c->out_handles,
                       (size_t)c->n_out, nullptr, nullptr);
+  c->leftover = c->pending = 0;
   for (int64_t i = 0; i < c->n_in; i++) {  // inputs the container did not delete...
     etm_rec* r = etm_rec_of(c->in_handles[i]);
-    if (!r || !r->native) continue;
+    if (!r) continue;
     bool returned = false;  // ...unless it handed one back as an output
     for (int64_t j = 0; j < c->n_out && !returned; j++) returned = c->out_handles[j] == r;
-    if (!returned) etm_native_delete(r);
+    if (returned) continue;
+    if (r->native) etm_native_delete(r); else c->leftover++;  // Python adopted it
   }
   for (int64_t i = 0; i < c->n_out; i++) {
     etm_rec* r = etm_rec_of(c->out_handles[i]);
-    if (!r || r->native != 1) continue;
+    if (r && rc != 0 && r->native == 1) { etm_native_delete(r); c->out_handles[i] = nullptr; }
+    if (!c->out_handles[i]) continue;
+    c->pending++;
+    if (!r || r->native != 1 || rc != 0) continue;
     const etm_out* o = &c->outs[i];
-    if (rc != 0) { etm_native_delete(r); c->out_handles[i] = nullptr; continue; }
     int64_t dst = c->dsts[i];
     if (!dst || r->dtype != o->dtype || r->dim != o->dim || r->storage_bytes != o->nbytes ||
         std::memcmp(r->sizes, o->sizes, 8 * o->dim) || std::memcmp(r->strides, o->strides, 8 * o->dim))
@@ -209,6 +215,7 @@ ETM_EXPORT int32_t etm_run(const etm_call* c) {
     std::memcpy((void*)(intptr_t)dst, (void*)(intptr_t)r->data_ptr, (size_t)o->nbytes);
     etm_native_delete(r);
     c->out_handles[i] = nullptr;
+    c->pending--;
   }
   return rc;
 }

@@ -96,6 +96,8 @@ class RunCall(ctypes.Structure):
         ("n_out", ctypes.c_int64),
         ("outs", ctypes.c_void_p),
         ("dsts", ctypes.c_void_p),
+        ("leftover", ctypes.c_int64),
+        ("pending", ctypes.c_int64),
     ]
 
 

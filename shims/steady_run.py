@@ -136,14 +136,15 @@ class SteadyRun:
         rc = self._etm_run(self._call_arg)
         if rc == NO_SLOT:
             return None
-        in_handles = self._in_handles
-        if state.HANDLES:  # inputs Python adopted and the container left behind
-            for i in range(self.n_in):
-                if in_handles[i] in state.HANDLES:
-                    state.unregister(in_handles[i])
-        out_handles, pending = self._out_handles, False
-        for i in range(self.n_out):
-            h = out_handles[i]
+        call = self._call
+        if call.leftover:  # inputs Python adopted and the container left behind
+            outputs = set(self._out_handles[: self.n_out])
+            for h in self._in_handles[: self.n_in]:
+                if h in state.HANDLES and h not in outputs:
+                    state.unregister(h)
+        if not call.pending:
+            return rc, results, False
+        for i, h in enumerate(self._out_handles[: self.n_out]):
             if h:
-                results[i], pending = h, True
-        return rc, results, pending
+                results[i] = h
+        return rc, results, True
