@@ -18,7 +18,7 @@ import torch
 from executorch.exir import schema
 
 from .backend_interface import BackendExecutor
-from .errors import EtmetalRuntimeError, ExecutionError, InputError
+from .errors import ExecutionError, InputError, instruction_failed
 from .values import TensorInfo, ValueTable
 
 
@@ -103,12 +103,4 @@ class DirectDelegateCall:
         except ExecutionError:
             raise
         except (Exception, RecursionError) as exc:
-            if isinstance(exc, EtmetalRuntimeError):
-                message = str(exc)
-            else:
-                message = f"{type(exc).__name__}: {exc}"
-            raise ExecutionError(
-                f"method {self._name!r}: {self._label} failed: {message}",
-                method=self._name,
-                instruction=0,
-            ) from exc
+            raise instruction_failed(self._name, self._label, 0, exc) from exc

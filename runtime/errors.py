@@ -52,6 +52,16 @@ class ExecutionError(EtmetalRuntimeError):
         super().__init__(message)
 
 
+def instruction_failed(
+    method: str, label: str, instruction: int, exc: BaseException
+) -> ExecutionError:
+    """The error for instruction ``label`` of ``method`` raising ``exc`` (chain it ``from exc``)."""
+    message = str(exc) if isinstance(exc, EtmetalRuntimeError) else f"{type(exc).__name__}: {exc}"
+    return ExecutionError(
+        f"method {method!r}: {label} failed: {message}", method=method, instruction=instruction
+    )
+
+
 class IntegrityError(InvalidProgramError):
     """A blob in the program does not match the hash it is stored under (altered bytes)."""
 

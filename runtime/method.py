@@ -13,7 +13,7 @@ import torch
 from executorch.exir import schema
 
 from .direct_delegate import DirectDelegateCall
-from .errors import EtmetalRuntimeError, ExecutionError, InputError
+from .errors import ExecutionError, InputError, instruction_failed
 from .instructions import PreparedMethod, destroy_all
 from .layout import resize_in_dim_order
 from .values import TensorInfo, ValueTable
@@ -278,12 +278,4 @@ class Method:
                 raise
             except (Exception, RecursionError) as exc:
                 label = chain.labels[i] if i < len(chain.labels) else f"instruction {i}"
-                if isinstance(exc, EtmetalRuntimeError):
-                    message = str(exc)
-                else:
-                    message = f"{type(exc).__name__}: {exc}"
-                raise ExecutionError(
-                    f"method {self._name!r}: {label} failed: {message}",
-                    method=self._name,
-                    instruction=i,
-                ) from exc
+                raise instruction_failed(self._name, label, i, exc) from exc

@@ -224,24 +224,33 @@ def _applies(src: torch.Tensor) -> bool:
     )
 
 
+def _kernels_for(dst: torch.Tensor, src: torch.Tensor):
+    """The native kernels when they can copy ``src`` into ``dst`` (same dtype, host, no lazy
+    negation or conjugation), else None."""
+    if (
+        dst.dtype != src.dtype
+        or not dst.is_cpu
+        or dst.is_neg()
+        or (dst.dtype.is_complex and dst.is_conj())
+        or not _applies(src)
+    ):
+        return None
+    try:
+        return _LIB if _LIB is not None else _function()
+    except (NativeBuildError, OSError):
+        return None
+
+
 def strided_copy(dst: torch.Tensor, src: torch.Tensor) -> bool:
     """Copy ``src`` into ``dst`` (same shape and dtype, any strides) natively.
 
     Returns False, having done nothing, when the kernel does not apply: the caller
     then uses ``dst.copy_(src)``.
     """
-    if (
-        dst.shape != src.shape
-        or dst.dtype != src.dtype
-        or not dst.is_cpu
-        or dst.is_neg()
-        or (dst.dtype.is_complex and dst.is_conj())
-        or not _applies(src)
-    ):
+    if dst.shape != src.shape:
         return False
-    try:
-        lib = _LIB if _LIB is not None else _function()
-    except (NativeBuildError, OSError):
+    lib = _kernels_for(dst, src)
+    if lib is None:
         return False
     nd = dst.dim()
     geom = _geom(3 * nd).pack(*dst.shape, *src.stride(), *dst.stride())
@@ -255,19 +264,10 @@ def gather_contiguous(dst: torch.Tensor, src: torch.Tensor) -> bool:
     making a view of it. Returns False, having done nothing, when the kernel does not
     apply (``dst`` not contiguous, dtype or element count differ, ...).
     """
-    if (
-        dst.dtype != src.dtype
-        or dst.numel() != src.numel()
-        or not dst.is_cpu
-        or not dst.is_contiguous()
-        or dst.is_neg()
-        or (dst.dtype.is_complex and dst.is_conj())
-        or not _applies(src)
-    ):
+    if dst.numel() != src.numel() or not dst.is_contiguous():
         return False
-    try:
-        lib = _LIB if _LIB is not None else _function()
-    except (NativeBuildError, OSError):
+    lib = _kernels_for(dst, src)
+    if lib is None:
         return False
     nd = src.dim()
     geom = _geom(2 * nd).pack(*src.shape, *src.stride())  # C derives dst strides

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import ctypes
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from etmetal.shims import c_api, clear_last_error, last_error, memory_stats
+
+# pytest runs with --import-mode=importlib: make this folder's helper modules importable
+sys.path.insert(0, str(Path(__file__).parent))
 
 FLOAT32 = 6
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from random_tensors import make_tensor
 
 from etmetal.runtime.kernels import lookup
 from etmetal.shims.strided_copy import available, strided_copy
@@ -13,29 +14,20 @@ view_copy = lookup("aten::view_copy.out")
 DTYPES = [torch.float32, torch.float64, torch.int8, torch.float16, torch.int64, torch.bool]
 
 
-def _make(shape, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=g) > 0.5
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(-100, 100, shape, generator=g).to(dtype)
-
-
 def _sources(dtype):
     """(name, tensor) pairs: channels-last 3-D..5-D, permuted, sliced, odd sizes."""
-    yield "cl_4d", _make((2, 37, 9, 11), dtype).to(memory_format=torch.channels_last)
-    yield "cl_4d_big", _make((1, 64, 40, 33), dtype).to(memory_format=torch.channels_last)
-    yield "cl_5d", _make((2, 5, 3, 7, 6), dtype).to(memory_format=torch.channels_last_3d)
-    yield "cl_3d", _make((3, 50, 45), dtype).permute(0, 2, 1).contiguous().permute(0, 2, 1)
-    yield "permuted_4d", _make((5, 6, 7, 8), dtype).permute(3, 1, 0, 2)
-    yield "transposed_2d", _make((70, 130), dtype).t()
-    yield "sliced", _make((6, 40, 50), dtype)[1:5, 3:37:2, ::3]
-    yield "sliced_permuted", _make((6, 40, 50), dtype)[:, 5:, 7:].permute(2, 0, 1)
-    yield "negative_stride", _make((33, 34), dtype).flip(0).t()
-    yield "expanded", _make((1, 5, 1), dtype).expand(4, 5, 6)
-    yield "size_one", _make((1, 1, 1), dtype)
-    yield "empty", _make((3, 0, 4), dtype)
+    yield "cl_4d", make_tensor((2, 37, 9, 11), dtype).to(memory_format=torch.channels_last)
+    yield "cl_4d_big", make_tensor((1, 64, 40, 33), dtype).to(memory_format=torch.channels_last)
+    yield "cl_5d", make_tensor((2, 5, 3, 7, 6), dtype).to(memory_format=torch.channels_last_3d)
+    yield "cl_3d", make_tensor((3, 50, 45), dtype).permute(0, 2, 1).contiguous().permute(0, 2, 1)
+    yield "permuted_4d", make_tensor((5, 6, 7, 8), dtype).permute(3, 1, 0, 2)
+    yield "transposed_2d", make_tensor((70, 130), dtype).t()
+    yield "sliced", make_tensor((6, 40, 50), dtype)[1:5, 3:37:2, ::3]
+    yield "sliced_permuted", make_tensor((6, 40, 50), dtype)[:, 5:, 7:].permute(2, 0, 1)
+    yield "negative_stride", make_tensor((33, 34), dtype).flip(0).t()
+    yield "expanded", make_tensor((1, 5, 1), dtype).expand(4, 5, 6)
+    yield "size_one", make_tensor((1, 1, 1), dtype)
+    yield "empty", make_tensor((3, 0, 4), dtype)
 
 
 CASES = [(d, name) for d in DTYPES for name, _ in _sources(torch.float32)]
@@ -89,7 +81,7 @@ def test_overlapping_and_unsupported_fall_back():
     ],
 )
 def test_view_copy_channels_last_matches_reshape(dtype, shape, fmt, size):
-    x = _make(shape, dtype).to(memory_format=fmt)
+    x = make_tensor(shape, dtype).to(memory_format=fmt)
     want = x.reshape([s if s != -1 else x.numel() // shape[0] for s in size])
     out = torch.empty(want.shape, dtype=dtype)
     view_copy(x, size, out)

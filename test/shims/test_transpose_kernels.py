@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from random_tensors import make_tensor
 
 from etmetal.runtime.kernels import lookup
 from etmetal.shims.strided_copy import (
@@ -35,16 +36,6 @@ DTYPES = [
 ]
 
 
-def _make(shape, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=g) > 0.5
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    info = torch.iinfo(dtype)
-    return torch.randint(info.min, info.max, shape, generator=g, dtype=torch.int64).to(dtype)
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bytes of a contiguous tensor, so NaN payloads compare exactly."""
     return t.contiguous().view(torch.uint8)
@@ -59,7 +50,7 @@ MATRICES = [(8, 16), (16, 17), (13, 257), (37, 1031), (48, 300), (5, 4100), (3, 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rows,cols", MATRICES, ids=[f"{r}x{c}" for r, c in MATRICES])
 def test_2d_transpose_both_directions(dtype, rows, cols):
-    src = _make((cols, rows), dtype).t()  # logical [rows, cols], rows fastest in memory
+    src = make_tensor((cols, rows), dtype).t()  # logical [rows, cols], rows fastest in memory
     dst = torch.empty(rows, cols, dtype=dtype)
     assert strided_copy(dst, src)
     assert torch.equal(_bits(dst), _bits(src.contiguous()))
@@ -81,7 +72,7 @@ PERMUTATIONS = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape,perm", PERMUTATIONS, ids=[str(p) for _, p in PERMUTATIONS])
 def test_permuted_views_gather_in_logical_order(dtype, shape, perm):
-    src = _make(shape, dtype).permute(perm)
+    src = make_tensor(shape, dtype).permute(perm)
     dst = torch.empty(src.shape, dtype=dtype)
     assert strided_copy(dst, src)
     assert torch.equal(_bits(dst), _bits(src.contiguous()))
@@ -97,7 +88,7 @@ def test_permuted_views_gather_in_logical_order(dtype, shape, perm):
 @pytest.mark.parametrize("channels", [32, 40, 19])
 def test_channels_last_plane_strides(dtype, hw, channels):
     """Plane strides near a multiple of 4 KiB (8-row tiles), spread (16-row), odd (unaligned)."""
-    x = _make((1, hw, channels), dtype).permute(0, 2, 1)  # [1, C, HW] channels-last
+    x = make_tensor((1, hw, channels), dtype).permute(0, 2, 1)  # [1, C, HW] channels-last
     out = torch.empty(1, channels * hw, dtype=dtype)
     view_copy(x, [1, channels * hw], out)
     assert torch.equal(_bits(out), _bits(x.reshape(1, -1)))
@@ -130,7 +121,7 @@ def test_copies_past_the_streaming_threshold(dtype, aligned, big_elems):
     channels = 24
     hw = big_elems // item // channels + 64
     hw = hw - hw % 16 if aligned else hw | 1  # 16-byte aligned destination rows, or not
-    x = _make((1, hw, channels), dtype).permute(0, 2, 1)
+    x = make_tensor((1, hw, channels), dtype).permute(0, 2, 1)
     assert x.numel() * item >= big_elems
     out = torch.empty(1, channels * hw, dtype=dtype)
     assert gather_contiguous(out, x)
@@ -138,7 +129,7 @@ def test_copies_past_the_streaming_threshold(dtype, aligned, big_elems):
 
 
 def test_gather_contiguous_refuses_what_it_cannot_do():
-    x = _make((2, 8, 5, 6), torch.float32).to(memory_format=torch.channels_last)
+    x = make_tensor((2, 8, 5, 6), torch.float32).to(memory_format=torch.channels_last)
     assert not gather_contiguous(torch.empty(2, 239), x)  # element count differs
     assert not gather_contiguous(torch.empty(2, 240, dtype=torch.float64), x)  # dtype
     assert not gather_contiguous(torch.empty(240, 2).t(), x)  # out not contiguous
@@ -152,7 +143,7 @@ def test_gather_contiguous_refuses_what_it_cannot_do():
 
 @pytest.mark.parametrize("size", [[2, 240], [2, -1], [-1, 120], [480]])
 def test_view_copy_fast_and_inferred_sizes_agree(size):
-    x = _make((2, 8, 5, 6), torch.float32).to(memory_format=torch.channels_last)
+    x = make_tensor((2, 8, 5, 6), torch.float32).to(memory_format=torch.channels_last)
     want = x.reshape(size)
     out = torch.empty(want.shape)
     view_copy(x, size, out)
