@@ -34,6 +34,7 @@ from .codesign import codesign
 from .compile_specs import parse_compile_specs
 from .delegate_blobs import pack_delegate_blobs
 from .passes.dim_order_to_aten import rewrite_dim_order_ops
+from .passes.inline_scalar_constants import inline_scalar_constants
 from .passes.replace_view_copy_with_view import ReplaceViewCopyWithView
 from .supported_ops import SUPPORTED_FALLBACKS
 from .targets import HOST, MPS, device_of, resolve_target
@@ -102,6 +103,7 @@ def prepare_for_aoti(ep: ExportedProgram, target: str) -> ExportedProgram:
 
         ep = move_to_device_pass(ep, device_of(target))
     gm = ep.graph_module
+    inline_scalar_constants(ep)
     rewrite_dim_order_ops(gm)
     rewrite = ReplaceViewCopyWithView(_mutated_inputs(ep))
     rewrite(gm)

@@ -23,6 +23,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .edge_ops import aten_overload
+from .passes.replace_view_copy_with_view import VIEW_OF_COPY
 from .targets import HOST, MPS, device_of
 
 log = logging.getLogger(__name__)
@@ -114,13 +115,7 @@ _INTEGER_POW = {aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar}
 
 # copy ops the view rewrite pass turns into views (or view + clone when a view
 # would be unsafe), so Inductor never sees the copy form
-VIEW_FORMS: dict[Any, Any] = {
-    aten.slice_copy.Tensor: aten.slice.Tensor,
-    aten.select_copy.int: aten.select.int,
-    aten.split_copy.Tensor: aten.split.Tensor,
-    aten.split_with_sizes_copy.default: aten.split_with_sizes.default,
-    aten.view_copy.default: aten.view.default,
-}
+VIEW_FORMS: dict[Any, Any] = VIEW_OF_COPY
 
 # ExecuTorch's dim-order ops, which the dim-order pass rewrites to their ATen forms
 _DIM_ORDER_FORMS = {

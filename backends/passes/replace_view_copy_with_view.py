@@ -22,13 +22,29 @@ from ..edge_ops import aten_overload
 
 aten = torch.ops.aten
 
-_VIEW_OF_COPY: dict[Any, Any] = {
+# every edge-dialect copy whose view form is a pure reinterpretation of the same buffer;
+# as views Inductor also recognises its fusion patterns (attention: matmul, transpose,
+# softmax, matmul -> one SDPA call)
+VIEW_OF_COPY: dict[Any, Any] = {
     aten.slice_copy.Tensor: aten.slice.Tensor,
     aten.select_copy.int: aten.select.int,
     aten.split_copy.Tensor: aten.split.Tensor,
     aten.split_with_sizes_copy.default: aten.split_with_sizes.default,
+    aten.unbind_copy.int: aten.unbind.int,
     aten.view_copy.default: aten.view.default,
+    aten.transpose_copy.int: aten.transpose.int,
+    aten.permute_copy.default: aten.permute.default,
+    aten.t_copy.default: aten.t.default,
+    aten.expand_copy.default: aten.expand.default,
+    aten.unsqueeze_copy.default: aten.unsqueeze.default,
+    aten.squeeze_copy.default: aten.squeeze.default,
+    aten.squeeze_copy.dim: aten.squeeze.dim,
+    aten.squeeze_copy.dims: aten.squeeze.dims,
+    aten.diagonal_copy.default: aten.diagonal.default,
+    aten.alias_copy.default: aten.alias.default,
 }
+# ops returning a list of views: each piece is cloned as it is taken (getitem)
+_LIST_VIEWS = (aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
 
 
 def _aten(target: Any) -> Any:
@@ -87,9 +103,9 @@ class ReplaceViewCopyWithView:
         output_args = set(graph.output_node().all_input_nodes)
         changed = False
         for node in list(graph.nodes):
-            if node.op != "call_function" or _aten(node.target) not in _VIEW_OF_COPY:
+            if node.op != "call_function" or _aten(node.target) not in VIEW_OF_COPY:
                 continue
-            view_op = _VIEW_OF_COPY[_aten(node.target)]
+            view_op = VIEW_OF_COPY[_aten(node.target)]
             source = node.args[0]
             root = self._root(source) if isinstance(source, fx.Node) else None
             if self._safe_as_view(node, root, written_roots, output_args):
@@ -116,7 +132,7 @@ class ReplaceViewCopyWithView:
                 if user not in seen and (
                     user.target is operator.getitem  # an element of a split's list
                     or _is_view(user)
-                    or _aten(user.target) in _VIEW_OF_COPY
+                    or _aten(user.target) in VIEW_OF_COPY
                 ):
                     seen.append(user)
                     todo.append(user)
@@ -136,7 +152,7 @@ class ReplaceViewCopyWithView:
 
     def _view_then_clone(self, graph: fx.Graph, node: fx.Node, view_op: Any) -> None:
         node.target = view_op
-        if _aten(view_op) in (aten.split.Tensor, aten.split_with_sizes.default):
+        if _aten(view_op) in _LIST_VIEWS:
             # clone each piece as it is taken from the list
             for user in list(node.users):
                 if user.target is operator.getitem:

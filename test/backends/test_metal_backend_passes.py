@@ -50,8 +50,32 @@ def view_of_view(x):
     return (aten.slice_copy.Tensor(y, 0, 2, 6) * 2.0,)
 
 
+def layout_views(x):
+    t = x + 1.0
+    p = aten.permute_copy.default(t, [1, 0])
+    e = aten.expand_copy.default(aten.unsqueeze_copy.default(p, 0), [2, 4, 4])
+    return (aten.transpose_copy.int(e, 1, 2) * 2.0, aten.squeeze_copy.dims(e[:1], [0]) + 0.0)
+
+
+def unbind_piece_mutated(x):
+    t = x * 1.0
+    a, b, c, d = aten.unbind_copy.int(t, 0)
+    aten.mul_.Tensor(b, -1.0)  # a view would write into t
+    return (a, b, t)
+
+
+def transposed_then_written(x):
+    t = x * 1.0
+    y = aten.t_copy.default(t)
+    aten.add_.Tensor(t, 1.0)  # a view would see it
+    return (y + 0.0,)
+
+
 CASES = [
     (safe_view, 1, 0),
+    (layout_views, 5, 0),
+    (unbind_piece_mutated, 0, 1),
+    (transposed_then_written, 0, 1),
     (result_mutated, 0, 1),
     (source_mutated_later, 0, 1),
     (output_of_input, 0, 1),
