@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import torch
 
 from . import state
 from .bridge import Bridge, BridgeError, load_bridge
-from .native import NativeBuildError, link_wrapper
+from .native import NativeBuildError, link_wrapper, undefined_symbols
 from .steady_run import SteadyRun
 from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor, tensor_from_torch
 
@@ -26,16 +24,10 @@ class AotiModelError(RuntimeError):
 
 def undefined_shims(so_path: str | os.PathLike) -> set[str] | None:
     """The ``aoti_torch_*`` symbols ``so_path`` leaves undefined (None if ``nm`` is missing)."""
-    nm = shutil.which("nm")
-    if nm is None:
-        return None
-    proc = subprocess.run(
-        [nm, "-D", "--undefined-only", str(so_path)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise AotiModelError(f"{so_path}: not a readable shared object ({proc.stderr.strip()})")
-    names = (line.split()[-1] for line in proc.stdout.splitlines() if line.strip())
-    return {n.split("@")[0] for n in names if n.startswith("aoti_")}
+    try:
+        return undefined_symbols(so_path, "aoti_")
+    except NativeBuildError as exc:
+        raise AotiModelError(str(exc)) from exc
 
 
 def _aligned_blob(blob: bytes | bytearray | memoryview | None) -> tuple[int, object]:

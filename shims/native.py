@@ -107,3 +107,18 @@ def link_wrapper(needed: Sequence[Path]) -> Path:
         link=link,
         root=root,
     )
+
+
+def undefined_symbols(so_path: str | os.PathLike, prefix: str) -> set[str] | None:
+    """The dynamic symbols starting with ``prefix`` that ``so_path`` leaves undefined, or
+    None when ``nm`` is not installed."""
+    nm = shutil.which("nm")
+    if nm is None:
+        return None
+    proc = subprocess.run(
+        [nm, "-D", "--undefined-only", str(so_path)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise NativeBuildError(f"{so_path}: not a readable shared object ({proc.stderr.strip()})")
+    names = (line.split()[-1] for line in proc.stdout.splitlines() if line.strip())
+    return {n.split("@")[0] for n in names if n.startswith(prefix)}
