@@ -147,6 +147,8 @@ static int copy_impl(void* dst, const void* src, int nd, const int64_t* sizes,
 
 /* bytes from which copies store non-temporally (for tests and benchmarks) */
 int64_t etm_stream_threshold(void) { return stream_threshold(); }
+/* the tests move the threshold to reach the streaming path with small tensors */
+void etm_set_stream_threshold(int64_t bytes) { stream_bytes = bytes; }
 
 /* geom: sizes[nd], src strides[nd], dst strides[nd] (elements).
    0: copied; 1: unsupported or overlapping (caller falls back) */
@@ -189,6 +191,8 @@ def _function():
                 fn.restype = ctypes.c_int
                 fns.append(fn)
             lib.etm_stream_threshold.restype = ctypes.c_int64
+            lib.etm_set_stream_threshold.argtypes = [ctypes.c_int64]
+            lib.etm_set_stream_threshold.restype = None
             _LIB = (lib, *fns)
         return _LIB
 
@@ -212,6 +216,13 @@ def available() -> bool:
 def stream_threshold_bytes() -> int:
     """Copies of at least this many bytes use non-temporal stores (a quarter of L3)."""
     return int(_function()[0].etm_stream_threshold())
+
+
+def set_stream_threshold_bytes(nbytes: int) -> int:
+    """Use non-temporal stores from ``nbytes`` on (tests); returns the previous threshold."""
+    previous = stream_threshold_bytes()
+    _function()[0].etm_set_stream_threshold(nbytes)
+    return previous
 
 
 def _applies(src: torch.Tensor) -> bool:
