@@ -155,11 +155,6 @@ def bench_model(p: _Prepared, args: argparse.Namespace, tmp: Path) -> bm.Compari
     return row
 
 
-def run(args: argparse.Namespace) -> int:
-    collect(args)
-    return 0
-
-
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     print(f"delegate latency, median of interleaved runs ({torch.get_num_threads()} thread(s)):")

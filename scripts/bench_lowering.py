@@ -102,11 +102,6 @@ def bench_pte(module, inputs, args: argparse.Namespace) -> bm.Comparison:
     return row
 
 
-def run(args: argparse.Namespace) -> int:
-    collect(args)
-    return 0
-
-
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     table = models(args.scale)

@@ -90,11 +90,6 @@ def bench_shim_calls(calls: int) -> bm.Comparison:
     return row
 
 
-def run(args: argparse.Namespace) -> int:
-    collect(args)
-    return 0
-
-
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     rows = [bench_shim_calls(args.calls)]

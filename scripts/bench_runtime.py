@@ -193,11 +193,6 @@ def bench_loop_overhead(args: argparse.Namespace) -> bm.Comparison:
     return row
 
 
-def run(args: argparse.Namespace) -> int:
-    collect(args)
-    return 0
-
-
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     print(f"runtime latency, median of interleaved runs ({torch.get_num_threads()} thread(s)):")

@@ -1,6 +1,7 @@
 """Shared plumbing for commands with named suites (``etmetal regress X``, ``etmetal bench X``).
 
-Each suite is a module with ``add_arguments(parser)`` and ``run(args) -> int``,
+Each suite is a module with ``add_arguments(parser)`` and either ``run(args) -> int``
+or, for a benchmark that returns its results, ``collect(args)`` (exit status 0);
 imported only when chosen.
 """
 
@@ -29,6 +30,10 @@ def make_command(suites: dict[str, tuple[str, str]]):
         if getattr(args, "_suite_missing", False):
             print(f"suite {args.suite!r} is not available in this build")
             return 2
-        return int(importlib.import_module(args._suite_module).run(args) or 0)
+        module = importlib.import_module(args._suite_module)
+        if not hasattr(module, "run"):
+            module.collect(args)
+            return 0
+        return int(module.run(args) or 0)
 
     return add_arguments, run
