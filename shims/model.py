@@ -69,7 +69,6 @@ class AotiModel:
         self.so_path = Path(so_path)
         self.materialize = materialize
         self.check_inputs = check_inputs
-        self._first_run = True
         self._container = None
         self._lib = None
         self._bridge: Bridge = load_bridge()
@@ -134,6 +133,7 @@ class AotiModel:
         self._run_fn = lib.AOTInductorModelContainerRun
         self._steady: SteadyRun | None = None
         self._ready: SteadyRun | None = None  # the steady run, once the first run is done
+        # (None before it: the first run reads AOTI_RUNTIME_CHECK_INPUTS)
 
     def _check(self, rc: int, step: str) -> None:
         if rc == 0:
@@ -248,8 +248,7 @@ class AotiModel:
                 self._container, in_arr, n_in, out_arr, self.num_outputs, None, None
             )
         finally:
-            self._first_run = False
-            self._ready = self._steady
+            self._ready = self._steady  # from now on the steady run serves
             if saved is None:
                 os.environ.pop(key, None)
             else:
@@ -348,7 +347,7 @@ class AotiModel:
             out_arr[i] = None
         calls = self._bridge.counter
         before = calls.value
-        if self._first_run:
+        if self._ready is None:  # the first run
             rc = self._first_run_call(in_arr, len(handles), out_arr)
         else:
             rc = self._run_fn(

@@ -177,10 +177,6 @@ class NativeTensors:
     def counter(self, name: str) -> int:
         return self._counters[name].value
 
-    @property
-    def limit(self) -> int:
-        return self._limit.value
-
     def set_limit(self, nbytes: int) -> None:
         """Serve ``empty_strided`` natively up to ``nbytes`` (0: every allocation in Python)."""
         self._limit.value = nbytes
