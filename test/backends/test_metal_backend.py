@@ -22,6 +22,7 @@ from torch import nn
 from etmetal.backends import aoti_compile
 from etmetal.backends.lowering import lower
 from etmetal.backends.metal_backend import BACKEND_ID, DELEGATE_ID, EtmetalMetalBackend
+from etmetal.common.cache import cache_root
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.partitioner.metal_partitioner import MetalPartitioner
 
@@ -209,7 +210,7 @@ def test_dynamic_batch_is_carried_into_the_compiled_wrapper(tmp_path):
     [(_, _, so, weights)] = delegate_payloads(program.buffer)
     wrappers = [
         p
-        for p in aoti_compile.default_cache_dir().joinpath("aoti").glob("*/wrapper.cpp")
+        for p in cache_root().joinpath("aoti").glob("*/wrapper.cpp")
         if (p.parent / "model.so").read_bytes() == so
     ]
     assert wrappers, "compiled artifact not found in the cache"
