@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from etmetal.common.fallbacks import all_fallback_shims
+
 from .core import adopt_result
-from .registry import emit, need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim, shim_as
+from .registry import emit, need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim_as
 from .state import lookup
 from .storage import ShimError, is_packed
 
@@ -180,8 +182,7 @@ def max_pool2d_with_indices(
     _ret(ret1, idx, "ret1")
 
 
-@shim
-def aoti_torch_cpu_mkldnn_rnn_layer(
+def mkldnn_rnn_layer(
     input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, batch_sizes_len, mode, hidden_size,
     num_layers, has_biases, bidirectional, batch_first, train, ret0, ret1, ret2, ret3,
 ):  # fmt: skip
@@ -221,10 +222,7 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-@shim
-def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
-    query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1
-):
+def sdpa_flash_for_cpu(query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1):
     need_out((ret0, "ret0"), (ret1, "ret1"))
     q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
     _check_qkv(q, k, v)
@@ -243,9 +241,16 @@ def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
     _ret(ret1, lse, "ret1")
 
 
-@shim
-def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
+def sdpa_math_for_mps(
     query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
+):
+    sdpa_math_for_mps_v2(
+        query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, 0, ret0, ret1
+    )
+
+
+def sdpa_math_for_mps_v2(
+    query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, ret0, ret1
 ):
     need_out((ret0, "ret0"), (ret1, "ret1"))
     q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
@@ -261,26 +266,30 @@ def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
         bool(is_causal),
         _opt_in(dropout_mask, "dropout_mask"),
         scale=read_f64(scale),
+        enable_gqa=bool(enable_gqa),
     )
     _ret(ret0, out, "ret0")
     _ret(ret1, attn, "ret1")
 
 
-# the same implementation serves the host (cpu) and Metal (mps) names of an op
-for _prefix in ("aoti_torch_cpu_", "aoti_torch_mps_"):
-    for _name, _fn in (
-        ("mm_out", mm_out),
-        ("addmm_out", addmm_out),
-        ("bmm_out", bmm_out),
-        ("baddbmm_out", baddbmm_out),
-        ("topk", topk),
-        ("convolution", convolution),
-        ("_adaptive_avg_pool2d", _adaptive_avg_pool(aten._adaptive_avg_pool2d)),
-        ("max_pool2d_with_indices", max_pool2d_with_indices),
-        ("avg_pool2d", _avg_pool(aten.avg_pool2d)),
-        ("avg_pool3d", _avg_pool(aten.avg_pool3d)),
-    ):
-        shim_as(_prefix + _name, _fn)
-
-# host only: torch declares no mps version of it
-shim_as("aoti_torch_cpu__adaptive_avg_pool3d", _adaptive_avg_pool(aten._adaptive_avg_pool3d))
+# one implementation per fallback op, registered under its name on every device whose
+# target lists it in etmetal.common.fallbacks (a test checks both sides cover each other)
+IMPLEMENTATIONS = {
+    "mm_out": mm_out,
+    "addmm_out": addmm_out,
+    "bmm_out": bmm_out,
+    "baddbmm_out": baddbmm_out,
+    "topk": topk,
+    "convolution": convolution,
+    "_adaptive_avg_pool2d": _adaptive_avg_pool(aten._adaptive_avg_pool2d),
+    "_adaptive_avg_pool3d": _adaptive_avg_pool(aten._adaptive_avg_pool3d),
+    "max_pool2d_with_indices": max_pool2d_with_indices,
+    "avg_pool2d": _avg_pool(aten.avg_pool2d),
+    "avg_pool3d": _avg_pool(aten.avg_pool3d),
+    "mkldnn_rnn_layer": mkldnn_rnn_layer,
+    "_scaled_dot_product_flash_attention_for_cpu": sdpa_flash_for_cpu,
+    "_scaled_dot_product_attention_math_for_mps": sdpa_math_for_mps,
+    "_scaled_dot_product_attention_math_for_mps_v2": sdpa_math_for_mps_v2,
+}
+for _symbol, _op in all_fallback_shims().items():
+    shim_as(_symbol, IMPLEMENTATIONS[_op])
