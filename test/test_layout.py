@@ -32,7 +32,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_version_comes_from_the_package_metadata():
     init = (ROOT / "src/etmetal/__init__.py").read_text()
-    assert re.search(r"__version__ = \"\d", init) is None, "a second, literal version"
+    assert re.search(r"__version__ = \"\d+\.\d", init) is None, "a second, literal version"
     if sys.version_info >= (3, 11):
         import tomllib
 
