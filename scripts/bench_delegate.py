@@ -30,11 +30,7 @@ TARGETS = {"tiny": 3.0, "transformer": 1.10}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    bm.add_common_arguments(parser, repeat=30)
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
-    parser.add_argument(
-        "--budget", type=float, default=20.0, help="seconds per model before stopping early"
-    )
+    bm.add_common_arguments(parser, repeat=30, models=MODELS)
     parser.add_argument(
         "--no-pte", action="store_true", help="skip the full .pte delegate path (shims only)"
     )

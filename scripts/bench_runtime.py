@@ -30,11 +30,7 @@ TARGET_US_PER_INSTRUCTION = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    bm.add_common_arguments(parser, repeat=15)
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
-    parser.add_argument(
-        "--budget", type=float, default=20.0, help="seconds per model before stopping early"
-    )
+    bm.add_common_arguments(parser, repeat=15, models=MODELS)
     parser.add_argument(
         "--instructions", type=int, default=200, help="kernel calls in the loop-overhead program"
     )

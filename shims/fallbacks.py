@@ -65,29 +65,28 @@ def mm_out(out, self, mat2):
     _write_out(out, _mm_shape(a, b, "mm"), a.dtype, lambda o: torch.mm(a, b, out=o))
 
 
-def addmm_out(out, self, mat1, mat2, beta, alpha):
-    bias, a, b = _in(self, "self"), _in(mat1, "mat1"), _in(mat2, "mat2")
-    _write_out(
-        out,
-        _mm_shape(a, b, "addmm"),
-        a.dtype,
-        lambda o: torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=o),
-    )
+def _scaled_product_plus(op, shape_of, mats: tuple[str, str]):
+    """``addmm_out`` / ``baddbmm_out``: ``out = beta * self + alpha * (m1 @ m2)``."""
+
+    def product_out(out, self, m1, m2, beta, alpha):
+        bias, a, b = _in(self, "self"), _in(m1, mats[0]), _in(m2, mats[1])
+        _write_out(
+            out,
+            shape_of(a, b, op.__name__),
+            a.dtype,
+            lambda o: op(bias, a, b, beta=beta, alpha=alpha, out=o),
+        )
+
+    return product_out
+
+
+addmm_out = _scaled_product_plus(torch.addmm, _mm_shape, ("mat1", "mat2"))
+baddbmm_out = _scaled_product_plus(torch.baddbmm, _bmm_shape, ("batch1", "batch2"))
 
 
 def bmm_out(out, self, mat2):
     a, b = _in(self, "self"), _in(mat2, "mat2")
     _write_out(out, _bmm_shape(a, b, "bmm"), a.dtype, lambda o: torch.bmm(a, b, out=o))
-
-
-def baddbmm_out(out, self, batch1, batch2, beta, alpha):
-    bias, a, b = _in(self, "self"), _in(batch1, "batch1"), _in(batch2, "batch2")
-    _write_out(
-        out,
-        _bmm_shape(a, b, "baddbmm"),
-        a.dtype,
-        lambda o: torch.baddbmm(bias, a, b, beta=beta, alpha=alpha, out=o),
-    )
 
 
 def topk(self, k, dim, largest, sorted, ret0, ret1):
