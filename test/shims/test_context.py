@@ -46,14 +46,22 @@ def test_each_shims_module_imports_alone(module):
 
 
 def _local_imports(path: Path) -> set[str]:
-    """The shims modules ``path`` imports at module level (not under TYPE_CHECKING)."""
-    found = set()
-    for node in ast.parse(path.read_text()).body:
+    """The shims modules ``path`` imports, at module level or inside functions (imports
+    under ``if TYPE_CHECKING:`` never run and are left out)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            return
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             if node.module:
                 found.add(node.module.split(".")[0])
             else:
                 found.update(alias.name for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
     return found & set(MODULES)
 
 
@@ -257,3 +265,61 @@ def test_a_model_file_another_context_loaded_is_refused_with_a_clear_error(chunk
             AotiModel(so_path, weights, context=other)
     assert other.memory_stats().live() == (0, 0, 0)
     assert default_context().memory_stats().live() == (0, 0, 0)
+
+
+def _module_state() -> dict[tuple[str, str], tuple[int, str]]:
+    """Every module-level binding of etmetal.shims.*: the object's identity, and the
+    contents of containers and plain instances (a table or flag object changed by use would
+    show). The default context (and its host allocator) is the one allowed exception."""
+    allowed = (default_context(), default_context().host)
+    state = {}
+    for name, module in sorted(sys.modules.items()):
+        if name != "etmetal.shims" and not name.startswith("etmetal.shims."):
+            continue
+        for attr, value in vars(module).items():
+            if isinstance(value, (dict, list, set, bytearray)):
+                shown = repr(value)
+            elif (
+                type(value).__module__.startswith("etmetal.")  # an object of the project's
+                and hasattr(value, "__dict__")
+                and not any(value is a for a in allowed)
+            ):
+                shown = repr(vars(value))
+            else:
+                shown = ""
+            state[(name, attr)] = (id(value), shown)
+    return state
+
+
+def test_using_the_shims_changes_no_module_level_state(chunk_cat, other):
+    """Handles, storages, errors, allocations, model runs and copies all land in contexts:
+    no module global is rebound and no module-level table changes."""
+    from etmetal.shims.strided_copy import strided_copy
+
+    expected, x, so_path, so_copy, weights = chunk_cat
+    before = _module_state()
+    kept = []
+    for ctx in (default_context(), other):
+        lib = c_api(ctx)
+        kept.append((lib, _empty(lib, (2,) * 9)[1]))  # alive at the second look: Python's table
+        rc, h = _empty(lib, (4, 6))
+        assert rc == 0, ctx.last_error()
+        sizes = ctypes.c_void_p()
+        assert lib.aoti_torch_get_sizes(h, ctypes.byref(sizes)) == 0
+        assert ctx.lookup(h).sizes == (4, 6)  # adopts a native tensor into Python
+        assert lib.aoti_torch_cpu_mm_out(h, h, h) == 1  # a failure records an error
+        assert lib.aoti_torch_delete_tensor_object(h) == 0
+        ctx.host.fill_byte = 0xFF
+        ctx.host.fill_byte = None
+    with AotiModel(so_path, weights, materialize="seed") as seed_model:
+        seed_model.run([x])
+    with AotiModel(so_copy, weights, context=other) as model:
+        torch.testing.assert_close(model.run([x])[0], expected)
+    src = torch.randn(3, 5).t()
+    dst = torch.empty(5, 3)
+    strided_copy(dst, src)
+    after = _module_state()
+    for lib, h in kept:
+        assert lib.aoti_torch_delete_tensor_object(h) == 0
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"module-level state changed: {changed}"
