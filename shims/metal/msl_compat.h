@@ -353,8 +353,8 @@ struct alignas(sizeof(T) * storage_n(N)) vec : vec_base<T, N> {
   explicit constexpr vec(const vec<U, N>& o) : vec_base<T, N>{} {
     for (int i = 0; i < N; i++) v[i] = T(o.v[i]);
   }
-  template <int M, int... I, std::enable_if_t<sizeof...(I) == N, int> = 0>
-  constexpr vec(const swz<T, M, I...>& s) : vec(s.get()) {}
+  template <class U, int M, int... I, std::enable_if_t<sizeof...(I) == N, int> = 0>
+  explicit(!std::is_same_v<U, T>) constexpr vec(const swz<U, M, I...>& s) : vec(s.get()) {}
 
   constexpr T& operator[](int i) { return v[i]; }
   constexpr const T& operator[](int i) const { return v[i]; }
@@ -1022,6 +1022,39 @@ ETM_INT_VEC(ctz)
 ETM_INT_VEC(clz)
 ETM_INT_VEC(popcount)
 #undef ETM_INT_VEC
+
+// A swizzle passed to a library function is read as the vector it names.
+#define ETM_SWZ_FWD1(NAME)                                                        \
+  template <class A, std::enable_if_t<etm::is_swz_v<A>, int> = 0>                 \
+  inline auto NAME(const A& a) {                                                  \
+    return NAME(a.get());                                                         \
+  }
+#define ETM_SWZ_FWD2(NAME)                                                        \
+  template <class A, class B,                                                     \
+            std::enable_if_t<etm::is_swz_v<A> || etm::is_swz_v<B>, int> = 0>      \
+  inline auto NAME(const A& a, const B& b) {                                      \
+    return NAME(etm::devec(a), etm::devec(b));                                    \
+  }
+#define ETM_SWZ_FWD3(NAME)                                                        \
+  template <class A, class B, class C,                                            \
+            std::enable_if_t<etm::is_swz_v<A> || etm::is_swz_v<B> || etm::is_swz_v<C>, int> = 0> \
+  inline auto NAME(const A& a, const B& b, const C& c) {                          \
+    return NAME(etm::devec(a), etm::devec(b), etm::devec(c));                     \
+  }
+ETM_SWZ_FWD1(exp) ETM_SWZ_FWD1(exp2) ETM_SWZ_FWD1(log) ETM_SWZ_FWD1(log2) ETM_SWZ_FWD1(sqrt)
+ETM_SWZ_FWD1(rsqrt) ETM_SWZ_FWD1(sin) ETM_SWZ_FWD1(cos) ETM_SWZ_FWD1(tan) ETM_SWZ_FWD1(tanh)
+ETM_SWZ_FWD1(floor) ETM_SWZ_FWD1(ceil) ETM_SWZ_FWD1(trunc) ETM_SWZ_FWD1(round) ETM_SWZ_FWD1(rint)
+ETM_SWZ_FWD1(fabs) ETM_SWZ_FWD1(abs) ETM_SWZ_FWD1(fract) ETM_SWZ_FWD1(saturate) ETM_SWZ_FWD1(sign)
+ETM_SWZ_FWD1(length) ETM_SWZ_FWD1(length_squared) ETM_SWZ_FWD1(normalize) ETM_SWZ_FWD1(all)
+ETM_SWZ_FWD1(any) ETM_SWZ_FWD1(isnan) ETM_SWZ_FWD1(isinf) ETM_SWZ_FWD1(isfinite)
+ETM_SWZ_FWD1(ctz) ETM_SWZ_FWD1(clz) ETM_SWZ_FWD1(popcount)
+ETM_SWZ_FWD2(dot) ETM_SWZ_FWD2(cross) ETM_SWZ_FWD2(distance) ETM_SWZ_FWD2(min) ETM_SWZ_FWD2(max)
+ETM_SWZ_FWD2(pow) ETM_SWZ_FWD2(atan2) ETM_SWZ_FWD2(fmin) ETM_SWZ_FWD2(fmax) ETM_SWZ_FWD2(fmod)
+ETM_SWZ_FWD2(step) ETM_SWZ_FWD2(copysign)
+ETM_SWZ_FWD3(select) ETM_SWZ_FWD3(clamp) ETM_SWZ_FWD3(mix) ETM_SWZ_FWD3(fma)
+#undef ETM_SWZ_FWD1
+#undef ETM_SWZ_FWD2
+#undef ETM_SWZ_FWD3
 
 // precise:: and fast:: name the same functions here (the host computes in IEEE float).
 #define ETM_MATH_NAMES                                                                    \
