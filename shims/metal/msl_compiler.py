@@ -170,7 +170,8 @@ def source_key(source: str) -> str:
     text = "|".join([str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())])
     h = hashlib.sha256(text.encode())
     h.update(_header_text().encode())
-    h.update((HERE / "msl_dispatch.cpp").read_bytes())
+    for name in ("msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py"):  # what shapes the build
+        h.update((HERE / name).read_bytes())
     h.update(b"\0" + source.encode())
     return h.hexdigest()[:32]
 
