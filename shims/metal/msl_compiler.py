@@ -139,6 +139,7 @@ def _construct(message: str) -> str:
 
 def _diagnose(stderr: str, text: str, kernels: list[Kernel]) -> CompileError:
     """The first error, the construct it names and the kernel it is in (or is required by)."""
+    stderr = stderr.replace("\u2018", "'").replace("\u2019", "'")  # g++ quotes in UTF-8 locales
     err = next((ln for ln in stderr.splitlines() if " error: " in ln or "fatal error" in ln), "")
     if not err:
         err = stderr.strip().splitlines()[-1] if stderr.strip() else "compiler failed"

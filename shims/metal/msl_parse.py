@@ -156,6 +156,7 @@ def find_kernels(text: str) -> list[Kernel]:
     kernels: list[Kernel] = []
     for m in _KERNEL.finditer(text):
         start = _statement_start(text, m.start())
+        start += len(text[start:]) - len(text[start:].lstrip())
         head = text[start : m.start()]
         paren = text.find("(", m.end())
         if paren < 0:
