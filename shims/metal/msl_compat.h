@@ -3,8 +3,8 @@
 //
 // The source of a shader library is compiled after this header (msl_compiler.py force-includes
 // it). What it provides:
-//   - address spaces: `device`, `constant`, `thread` are empty macros (one flat host memory);
-//     `threadgroup` and `kernel` are rewritten by msl_compiler.py (a kernel-local threadgroup
+//   - address spaces: `device` and `thread` are empty macros (one flat host memory);
+//     `constant`, `threadgroup` and `kernel` are rewritten by msl_parse.py (a kernel-local threadgroup
 //     array becomes a `static thread_local`: every thread of one threadgroup runs on the same OS
 //     thread, so they share it);
 //   - scalar names (uint, ushort, uchar, ulong, half = _Float16, bfloat with 16-bit storage and
@@ -15,14 +15,14 @@
 //   - threadgroup_barrier and the simd_* functions, which call the dispatcher (msl_abi.h).
 #pragma once
 
-#include <algorithm>
+// No <cmath>/<math.h>, <cstdlib> or <cstring>: they declare C functions in the global namespace
+// (expm1f, abs, div, ...) that MSL does not have and that would make c10's unqualified calls
+// ambiguous. The math below uses GCC builtins, which need no declaration.
 #include <array>
 #include <cfloat>
 #include <climits>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -34,9 +34,11 @@
 #define __METAL_VERSION__ 310
 #endif
 
-// Address spaces: one flat memory on the host.
+// Address spaces: one flat memory on the host. `constant` is made `const` by msl_parse.py
+// (read-only, and it keeps overloads on address space apart: c10's val_at_offs(constant void*)
+// and val_at_offs(device void*)); a macro could not drop the second `const` of
+// `constant const char*`.
 #define device
-#define constant
 #define thread
 #define ray_data
 
@@ -209,13 +211,12 @@ constexpr decltype(auto) devec(const X& x) {
 #define ETM_SW2(T, N, a, b, A, B) swz<T, N, A, B> a##b;
 #define ETM_SW3(T, N, a, b, c, A, B, C) swz<T, N, A, B, C> a##b##c;
 
-// A vector copies its components, not the union: swizzle members have their own assignment
-// (a.xy = b.yx writes two components), which would otherwise delete the union's.
+// A vector assigns its components, not the union: swizzle members have their own assignment
+// (a.xy = b.yx writes two components), which deletes the union's. Copy construction stays
+// trivial, so vectors are still passed in registers.
 #define ETM_VEC_COPY(N)                                                        \
   vec_base() = default;                                                        \
-  constexpr vec_base(const vec_base& o) : v{} {                                \
-    for (int i = 0; i < N; i++) v[i] = o.v[i];                                 \
-  }                                                                            \
+  vec_base(const vec_base&) = default;                                         \
   constexpr vec_base& operator=(const vec_base& o) {                           \
     for (int i = 0; i < N; i++) v[i] = o.v[i];                                 \
     return *this;                                                              \
@@ -585,7 +586,7 @@ template <class To, class From>
 inline To as_type(const From& f) {
   static_assert(sizeof(To) == sizeof(From), "as_type: the two types differ in size");
   To t;
-  std::memcpy(static_cast<void*>(&t), static_cast<const void*>(&f), sizeof(To));
+  __builtin_memcpy(static_cast<void*>(&t), static_cast<const void*>(&f), sizeof(To));
   return t;
 }
 
@@ -657,54 +658,54 @@ inline auto map3(const etm::vec<T, N>& a, const etm::vec<T, N>& b, const etm::ve
     return NAME(a, etm::vec<T, N>(T(s)));                                               \
   }
 
-ETM_MATH1(exp, std::exp(x))
-ETM_MATH1(exp2, std::exp2(x))
-ETM_MATH1(exp10, std::pow(10.0f, x))
-ETM_MATH1(expm1, std::expm1(x))
-ETM_MATH1(log, std::log(x))
-ETM_MATH1(log2, std::log2(x))
-ETM_MATH1(log10, std::log10(x))
-ETM_MATH1(log1p, std::log1p(x))
-ETM_MATH1(sqrt, std::sqrt(x))
-ETM_MATH1(rsqrt, 1.0f / std::sqrt(x))
-ETM_MATH1(cbrt, std::cbrt(x))
-ETM_MATH1(sin, std::sin(x))
-ETM_MATH1(cos, std::cos(x))
-ETM_MATH1(tan, std::tan(x))
-ETM_MATH1(asin, std::asin(x))
-ETM_MATH1(acos, std::acos(x))
-ETM_MATH1(atan, std::atan(x))
-ETM_MATH1(sinh, std::sinh(x))
-ETM_MATH1(cosh, std::cosh(x))
-ETM_MATH1(tanh, std::tanh(x))
-ETM_MATH1(asinh, std::asinh(x))
-ETM_MATH1(acosh, std::acosh(x))
-ETM_MATH1(atanh, std::atanh(x))
-ETM_MATH1(sinpi, std::sin(float(M_PI) * x))
-ETM_MATH1(cospi, std::cos(float(M_PI) * x))
-ETM_MATH1(tanpi, std::tan(float(M_PI) * x))
-ETM_MATH1(floor, std::floor(x))
-ETM_MATH1(ceil, std::ceil(x))
-ETM_MATH1(trunc, std::trunc(x))
-ETM_MATH1(round, std::round(x))
-ETM_MATH1(rint, std::nearbyint(x))
-ETM_MATH1(fabs, std::fabs(x))
-ETM_MATH1(fract, std::fmin(x - std::floor(x), 0x1.fffffep-1f))
-ETM_MATH1(saturate, std::fmin(std::fmax(x, 0.0f), 1.0f))
-ETM_MATH1(erf, std::erf(x))
-ETM_MATH1(erfc, std::erfc(x))
-ETM_MATH1(lgamma, std::lgamma(x))
-ETM_MATH1(tgamma, std::tgamma(x))
-ETM_MATH2(pow, std::pow(x, y))
-ETM_MATH2(powr, std::pow(x, y))
-ETM_MATH2(atan2, std::atan2(x, y))
-ETM_MATH2(fmod, std::fmod(x, y))
-ETM_MATH2(fmin, std::fmin(x, y))
-ETM_MATH2(fmax, std::fmax(x, y))
-ETM_MATH2(fdim, std::fdim(x, y))
-ETM_MATH2(copysign, std::copysign(x, y))
-ETM_MATH2(nextafter, std::nextafter(x, y))
-ETM_MATH2(hypot, std::hypot(x, y))
+ETM_MATH1(exp, __builtin_expf(x))
+ETM_MATH1(exp2, __builtin_exp2f(x))
+ETM_MATH1(exp10, __builtin_powf(10.0f, x))
+ETM_MATH1(expm1, __builtin_expm1f(x))
+ETM_MATH1(log, __builtin_logf(x))
+ETM_MATH1(log2, __builtin_log2f(x))
+ETM_MATH1(log10, __builtin_log10f(x))
+ETM_MATH1(log1p, __builtin_log1pf(x))
+ETM_MATH1(sqrt, __builtin_sqrtf(x))
+ETM_MATH1(rsqrt, 1.0f / __builtin_sqrtf(x))
+ETM_MATH1(cbrt, __builtin_cbrtf(x))
+ETM_MATH1(sin, __builtin_sinf(x))
+ETM_MATH1(cos, __builtin_cosf(x))
+ETM_MATH1(tan, __builtin_tanf(x))
+ETM_MATH1(asin, __builtin_asinf(x))
+ETM_MATH1(acos, __builtin_acosf(x))
+ETM_MATH1(atan, __builtin_atanf(x))
+ETM_MATH1(sinh, __builtin_sinhf(x))
+ETM_MATH1(cosh, __builtin_coshf(x))
+ETM_MATH1(tanh, __builtin_tanhf(x))
+ETM_MATH1(asinh, __builtin_asinhf(x))
+ETM_MATH1(acosh, __builtin_acoshf(x))
+ETM_MATH1(atanh, __builtin_atanhf(x))
+ETM_MATH1(sinpi, __builtin_sinf(3.14159265358979323846f * x))
+ETM_MATH1(cospi, __builtin_cosf(3.14159265358979323846f * x))
+ETM_MATH1(tanpi, __builtin_tanf(3.14159265358979323846f * x))
+ETM_MATH1(floor, __builtin_floorf(x))
+ETM_MATH1(ceil, __builtin_ceilf(x))
+ETM_MATH1(trunc, __builtin_truncf(x))
+ETM_MATH1(round, __builtin_roundf(x))
+ETM_MATH1(rint, __builtin_nearbyintf(x))
+ETM_MATH1(fabs, __builtin_fabsf(x))
+ETM_MATH1(fract, __builtin_fminf(x - __builtin_floorf(x), 0x1.fffffep-1f))
+ETM_MATH1(saturate, __builtin_fminf(__builtin_fmaxf(x, 0.0f), 1.0f))
+ETM_MATH1(erf, __builtin_erff(x))
+ETM_MATH1(erfc, __builtin_erfcf(x))
+ETM_MATH1(lgamma, __builtin_lgammaf(x))
+ETM_MATH1(tgamma, __builtin_tgammaf(x))
+ETM_MATH2(pow, __builtin_powf(x, y))
+ETM_MATH2(powr, __builtin_powf(x, y))
+ETM_MATH2(atan2, __builtin_atan2f(x, y))
+ETM_MATH2(fmod, __builtin_fmodf(x, y))
+ETM_MATH2(fmin, __builtin_fminf(x, y))
+ETM_MATH2(fmax, __builtin_fmaxf(x, y))
+ETM_MATH2(fdim, __builtin_fdimf(x, y))
+ETM_MATH2(copysign, __builtin_copysignf(x, y))
+ETM_MATH2(nextafter, __builtin_nextafterf(x, y))
+ETM_MATH2(hypot, __builtin_hypotf(x, y))
 ETM_MATH2(step, y < x ? 0.0f : 1.0f)
 
 // sign: -1, 0 or 1; NaN gives 0 (MSL).
@@ -712,13 +713,13 @@ ETM_MATH1(sign, x > 0 ? 1.0f : (x < 0 ? -1.0f : (x == 0 ? x : 0.0f)))
 
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 inline detail::fres_t<T> fma(T a, T b, T c) {
-  return detail::fres_t<T>(std::fma(float(a), float(b), float(c)));
+  return detail::fres_t<T>(__builtin_fmaf(float(a), float(b), float(c)));
 }
 template <class T, class U, class V,
           std::enable_if_t<etm::is_scalar_v<T> && etm::is_scalar_v<U> && etm::is_scalar_v<V> &&
                                !(std::is_same_v<T, U> && std::is_same_v<U, V>), int> = 0>
 inline float fma(T a, U b, V c) {
-  return std::fma(float(a), float(b), float(c));
+  return __builtin_fmaf(float(a), float(b), float(c));
 }
 template <class T, int N>
 inline auto fma(const etm::vec<T, N>& a, const etm::vec<T, N>& b, const etm::vec<T, N>& c) {
@@ -734,26 +735,26 @@ inline auto mix(const etm::vec<T, N>& a, const etm::vec<T, N>& b, const etm::vec
 }
 template <class T, class S>
 inline T ldexp(T x, S e) {
-  return T(std::ldexp(float(x), int(e)));
+  return T(__builtin_ldexpf(float(x), int(e)));
 }
 template <class T, class S>
 inline T frexp(T x, S& e) {
   int k = 0;
-  T r = T(std::frexp(float(x), &k));
+  T r = T(__builtin_frexpf(float(x), &k));
   e = S(k);
   return r;
 }
 template <class T>
 inline T modf(T x, T& ip) {
   float i = 0;
-  float f = std::modf(float(x), &i);
+  float f = __builtin_modff(float(x), &i);
   ip = T(i);
   return T(f);
 }
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 inline detail::fres_t<T> sincos(T x, T& c) {
-  c = T(std::cos(float(x)));
-  return detail::fres_t<T>(std::sin(float(x)));
+  c = T(__builtin_cosf(float(x)));
+  return detail::fres_t<T>(__builtin_sinf(float(x)));
 }
 template <class T, int N>
 inline etm::vec<T, N> sincos(const etm::vec<T, N>& x, etm::vec<T, N>& c) {
@@ -771,19 +772,19 @@ constexpr T abs(T x) {
   else if constexpr (std::is_integral_v<T>)
     return x < 0 ? T(-x) : x;
   else
-    return T(std::fabs(float(x)));
+    return T(__builtin_fabsf(float(x)));
 }
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 constexpr T max(T a, T b) {
   if constexpr (etm::is_fp_scalar_v<T>)
-    return T(std::fmax(float(a), float(b)));
+    return T(__builtin_fmaxf(float(a), float(b)));
   else
     return a < b ? b : a;
 }
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 constexpr T min(T a, T b) {
   if constexpr (etm::is_fp_scalar_v<T>)
-    return T(std::fmin(float(a), float(b)));
+    return T(__builtin_fminf(float(a), float(b)));
   else
     return b < a ? b : a;
 }
@@ -858,31 +859,31 @@ constexpr T absdiff(T a, T b) {
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 constexpr bool isnan(T x) {
   if constexpr (etm::is_fp_scalar_v<T>)
-    return std::isnan(float(x));
+    return __builtin_isnan(float(x));
   else
     return false;
 }
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 constexpr bool isinf(T x) {
   if constexpr (etm::is_fp_scalar_v<T>)
-    return std::isinf(float(x));
+    return __builtin_isinf(float(x));
   else
     return false;
 }
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 constexpr bool isfinite(T x) {
   if constexpr (etm::is_fp_scalar_v<T>)
-    return std::isfinite(float(x));
+    return __builtin_isfinite(float(x));
   else
     return true;
 }
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 constexpr bool isnormal(T x) {
-  return std::isnormal(float(x));
+  return __builtin_isnormal(float(x));
 }
 template <class T, std::enable_if_t<etm::is_scalar_v<T>, int> = 0>
 constexpr bool signbit(T x) {
-  return std::signbit(float(x));
+  return __builtin_signbit(float(x));
 }
 template <class T, class U>
 constexpr bool isunordered(T a, U b) {
@@ -950,7 +951,7 @@ inline T length_squared(const etm::vec<T, N>& a) {
 }
 template <class T, int N>
 inline T length(const etm::vec<T, N>& a) {
-  return T(std::sqrt(float(dot(a, a))));
+  return T(__builtin_sqrtf(float(dot(a, a))));
 }
 template <class T, int N>
 inline T distance(const etm::vec<T, N>& a, const etm::vec<T, N>& b) {
@@ -958,7 +959,7 @@ inline T distance(const etm::vec<T, N>& a, const etm::vec<T, N>& b) {
 }
 template <class T, int N>
 inline etm::vec<T, N> normalize(const etm::vec<T, N>& a) {
-  return a * T(1.0f / std::sqrt(float(dot(a, a))));
+  return a * T(1.0f / __builtin_sqrtf(float(dot(a, a))));
 }
 template <class T>
 inline etm::vec<T, 3> cross(const etm::vec<T, 3>& a, const etm::vec<T, 3>& b) {
@@ -1202,9 +1203,9 @@ template <class T>
 inline T lane_value(const etm_msl_exchange& e, uint32_t lane) {
   T t;
   if (lane < ETM_MSL_SIMD_WIDTH && ((e.active >> lane) & 1u))
-    std::memcpy(static_cast<void*>(&t), e.slots + lane * ETM_MSL_SLOT_BYTES, sizeof(T));
+    __builtin_memcpy(static_cast<void*>(&t), e.slots + lane * ETM_MSL_SLOT_BYTES, sizeof(T));
   else
-    std::memset(static_cast<void*>(&t), 0, sizeof(T));
+    __builtin_memset(static_cast<void*>(&t), 0, sizeof(T));
   return t;
 }
 template <class T, class F>
@@ -1397,29 +1398,31 @@ inline T quad_shuffle_xor(T v, M mask) {
 // MSL code names the library unqualified (threadgroup_barrier, as_type, simd_sum, ...).
 using namespace metal;
 
-// Constants MSL defines.
-#ifndef MAXFLOAT
+// Constants MSL defines (math.h is not included, see the top of this file).
+#define NAN __builtin_nanf("")
+#define INFINITY __builtin_inff()
+#define HUGE_VALF __builtin_huge_valf()
+#define HUGE_VAL __builtin_huge_val()
 #define MAXFLOAT FLT_MAX
-#endif
 #define HUGE_VALH ((half)__builtin_inff())
 #define MAXHALF ((half)65504.0f)
-#define M_E_F float(M_E)
-#define M_LOG2E_F float(M_LOG2E)
-#define M_LOG10E_F float(M_LOG10E)
-#define M_LN2_F float(M_LN2)
-#define M_LN10_F float(M_LN10)
-#define M_PI_F float(M_PI)
-#define M_PI_2_F float(M_PI_2)
-#define M_PI_4_F float(M_PI_4)
-#define M_1_PI_F float(M_1_PI)
-#define M_2_PI_F float(M_2_PI)
-#define M_2_SQRTPI_F float(M_2_SQRTPI)
-#define M_SQRT2_F float(M_SQRT2)
-#define M_SQRT1_2_F float(M_SQRT1_2)
-#define M_E_H half(M_E)
-#define M_PI_H half(M_PI)
-#define M_SQRT2_H half(M_SQRT2)
-#define M_LN2_H half(M_LN2)
+#define M_E_F 2.71828182845904523536f
+#define M_LOG2E_F 1.44269504088896340736f
+#define M_LOG10E_F 0.434294481903251827651f
+#define M_LN2_F 0.693147180559945309417f
+#define M_LN10_F 2.30258509299404568402f
+#define M_PI_F 3.14159265358979323846f
+#define M_PI_2_F 1.57079632679489661923f
+#define M_PI_4_F 0.785398163397448309616f
+#define M_1_PI_F 0.318309886183790671538f
+#define M_2_PI_F 0.636619772367581343076f
+#define M_2_SQRTPI_F 1.12837916709551257390f
+#define M_SQRT2_F 1.41421356237309504880f
+#define M_SQRT1_2_F 0.707106781186547524401f
+#define M_E_H half(M_E_F)
+#define M_PI_H half(M_PI_F)
+#define M_SQRT2_H half(M_SQRT2_F)
+#define M_LN2_H half(M_LN2_F)
 
 // Thread-position attributes: the entries build them from the dispatcher's thread record.
 namespace etm {

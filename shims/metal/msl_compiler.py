@@ -30,6 +30,7 @@ from etmetal.shims.metal.msl_parse import (
     find_kernels,
     line_of,
     rewrite,
+    rewrite_address_spaces,
 )
 from etmetal.shims.native import NativeBuildError, build_shared, cache_root, compiler
 
@@ -186,7 +187,7 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
         so = Path(meta["so"])
         if so.exists():
             return so, [_kernel_from_json(k) for k in meta["kernels"]]
-    text = _preprocess(source)
+    text = rewrite_address_spaces(_preprocess(source))
     kernels = find_kernels(text)
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}

@@ -202,23 +202,53 @@ def find_kernels(text: str) -> list[Kernel]:
 
 _THREADGROUP = re.compile(r"\bthreadgroup\b(?!\s*\()")
 _KERNEL_WORD = re.compile(r"\bkernel\b(?=\s+void\b)")
+_CONSTANT = re.compile(r"\bconstant\b")
+_DOUBLE_CONST = re.compile(r"\bconst(\s+)const\b")
+_MARKER = re.compile(r'^# \d+ "[^"]*"([ \d]*)$', re.M)
+
+
+def _in_library_code(text: str, fn) -> str:
+    """Apply ``fn`` to the parts of preprocessed text that come from the library and c10's
+    headers, not from system headers (line-marker flag 3), whose identifiers are their own."""
+    out, pos, system = [], 0, False
+    for m in _MARKER.finditer(text):
+        chunk = text[pos : m.start()]
+        out.append(chunk if system else fn(chunk))
+        out.append(m.group(0))
+        system = "3" in m.group(1).split()
+        pos = m.end()
+    tail = text[pos:]
+    out.append(tail if system else fn(tail))
+    return "".join(out)
+
+
+def constant_to_const(text: str) -> str:
+    """``constant`` -> ``const`` (read-only memory), without doubling an existing ``const``."""
+    return _DOUBLE_CONST.sub(r"const\1", _CONSTANT.sub("const", text))
+
+
+def rewrite_address_spaces(text: str) -> str:
+    return _in_library_code(text, constant_to_const)
 
 
 def rewrite(text: str) -> str:
     """Make the preprocessed library plain C++: drop ``kernel``, turn threadgroup-memory
     declarations into ``static thread_local`` and drop the pointer qualifier elsewhere."""
-    text = _KERNEL_WORD.sub("      ", text)
 
-    def tg(m: re.Match) -> str:
-        before = text[: m.start()].rstrip()
-        after = text[m.end() :]
-        stmt_end = re.match(r"[^;(){}]*;", after)
-        at_statement_start = not before or before[-1] in ";{}" or before.endswith("]]")
-        if at_statement_start and stmt_end:
-            return "static thread_local"
-        return " "
+    def one(chunk: str) -> str:
+        chunk = _KERNEL_WORD.sub("      ", chunk)
 
-    return _THREADGROUP.sub(tg, text)
+        def tg(m: re.Match) -> str:
+            before = chunk[: m.start()].rstrip()
+            stmt_end = re.match(r"[^;(){}]*;", chunk[m.end() :])
+            at_statement_start = not before or before[-1] in ";{}" or before.endswith("]]")
+            if at_statement_start and stmt_end:
+                return "static thread_local"
+            return " "
+
+        return _THREADGROUP.sub(tg, chunk)
+
+    return _in_library_code(text, one)
 
 
 def entry_source(kernels: list[Kernel]) -> str:

@@ -269,3 +269,41 @@ def test_atomics_across_threadgroups_and_host_name_instantiations():
         fn.dispatch({0: addr(counter), 1: addr(x), 2: addr(total)}, threads=(n,), group=(64,))
         assert int(counter) == int((x > 0).sum())
         torch.testing.assert_close(total, x.float().sum().reshape(1), rtol=1e-4, atol=1e-3)
+
+
+C10_SPECIAL = """
+#include <c10/metal/utils.h>
+#include <c10/metal/reduction_utils.h>
+#include <c10/metal/special_math.h>
+#include <c10/metal/indexing.h>
+#include <c10/metal/random.h>
+#include <c10/metal/atomic.h>
+#include <c10/metal/error.h>
+#include <c10/metal/igamma.h>
+kernel void special(device float* out [[buffer(0)]], constant float* x [[buffer(1)]],
+                    uint i [[thread_position_in_grid]]) {
+  float v = x[i];
+  device float* o = out + i * 6;
+  o[0] = c10::metal::erfinv(v * 0.9f);
+  o[1] = c10::metal::i0(v);
+  o[2] = c10::metal::digamma(metal::fabs(v) + 0.5f);
+  o[3] = c10::metal::log1p(metal::fabs(v));
+  o[4] = c10::metal::logaddexp(v, 0.5f * v);
+  o[5] = c10::metal::floor_divide(v, 0.3f);
+}
+"""
+
+
+def test_c10_metal_headers_compile_and_their_special_functions_match_torch():
+    fn = compile_library(C10_SPECIAL).function("special")
+    x = torch.rand(200, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    out = torch.zeros(200 * 6)
+    fn.dispatch({0: addr(out), 1: addr(x)}, threads=(200,))
+    o = out.view(200, 6)
+    close = dict(rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(o[:, 0], torch.special.erfinv(x * 0.9), **close)
+    torch.testing.assert_close(o[:, 1], torch.special.i0(x), **close)
+    torch.testing.assert_close(o[:, 2], torch.special.digamma(x.abs() + 0.5), **close)
+    torch.testing.assert_close(o[:, 3], torch.log1p(x.abs()), **close)
+    torch.testing.assert_close(o[:, 4], torch.logaddexp(x, 0.5 * x), **close)
+    torch.testing.assert_close(o[:, 5], torch.floor_divide(x, 0.3), **close)
