@@ -60,7 +60,7 @@ class CompileError(Exception):
 
 
 def _header_text() -> str:
-    return (HERE / "msl_abi.h").read_text() + (HERE / "msl_compat.h").read_text()
+    return "".join(p.read_text() for p in sorted(HERE.glob("*.h")))
 
 
 @lru_cache(maxsize=1)

@@ -33,7 +33,8 @@
 namespace {
 
 constexpr uint32_t kWidth = ETM_MSL_SIMD_WIDTH;
-constexpr size_t kStackBytes = 256 * 1024;
+// Virtual size; pages are committed as a kernel's thread touches them.
+constexpr size_t kStackBytes = 1024 * 1024;
 constexpr uint32_t kMaxThreadsPerGroup = 1024;
 
 // ---- context switching ------------------------------------------------------------------
@@ -449,6 +450,10 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
           t.simd_index = i / kWidth;
           t.simds_per_tg = nsimd;
           t.simd_size = kWidth;
+          t.dispatch_simds_per_tg = uint32_t((per_group + kWidth - 1) / kWidth);
+          t.quad_index = i / 4;
+          t.lane_in_quad = i % 4;
+          t.quads_per_tg = (n + 3) / 4;
           th.state = 0;
           th.fiber = nullptr;
           th.result_phase = 0;

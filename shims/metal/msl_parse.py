@@ -32,6 +32,10 @@ POSITION_FIELDS = {
     "simdgroups_per_threadgroup": ("simds_per_tg", 1),
     "threads_per_simdgroup": ("simd_size", 1),
     "thread_execution_width": ("simd_size", 1),
+    "dispatch_simdgroups_per_threadgroup": ("dispatch_simds_per_tg", 1),
+    "quadgroup_index_in_threadgroup": ("quad_index", 1),
+    "thread_index_in_quadgroup": ("lane_in_quad", 1),
+    "quadgroups_per_threadgroup": ("quads_per_tg", 1),
 }
 
 

@@ -64,12 +64,14 @@ kernel void where_am_i(device uint* out [[buffer(0)]],
                        uint3 grid [[threads_per_grid]],
                        ushort flat [[thread_index_in_threadgroup]],
                        uint lane [[thread_index_in_simdgroup]],
-                       uint sg [[simdgroup_index_in_threadgroup]]) {
+                       uint sg [[simdgroup_index_in_threadgroup]],
+                       uint2 requested [[dispatch_threads_per_threadgroup]]) {
   uint i = (gid.z * grid.y + gid.y) * grid.x + gid.x;
-  device uint* o = out + i * 12;
+  device uint* o = out + i * 14;
   o[0] = gid.x; o[1] = gid.y; o[2] = gid.z;
   o[3] = lid.x; o[4] = lid.y; o[5] = tg.x; o[6] = tg.y;
   o[7] = tptg.x; o[8] = tptg.y; o[9] = flat; o[10] = lane; o[11] = sg;
+  o[12] = requested.x; o[13] = requested.y;
 }
 """
 
@@ -77,19 +79,34 @@ kernel void where_am_i(device uint* out [[buffer(0)]],
 def test_thread_positions_of_a_non_uniform_3d_grid():
     fn = compile_library(POSITIONS).function("where_am_i")
     T, G = (10, 7, 2), (4, 3, 1)
-    out = torch.zeros(T[0] * T[1] * T[2] * 12, dtype=torch.int32)
+    out = torch.zeros(T[0] * T[1] * T[2] * 14, dtype=torch.int32)
     fn.dispatch({0: addr(out)}, threads=T, group=G)
-    rec = out.view(T[2], T[1], T[0], 12).numpy()
+    rec = out.view(T[2], T[1], T[0], 14).numpy()
     for z in range(T[2]):
         for y in range(T[1]):
             for x in range(T[0]):
                 r = rec[z, y, x]
                 tgx, tgy = x // G[0], y // G[1]
-                # a partial (tail) threadgroup reports its actual size
+                # a partial (tail) threadgroup reports its actual size in threads_per_threadgroup,
+                # the requested one in dispatch_threads_per_threadgroup
                 sx, sy = min(G[0], T[0] - tgx * G[0]), min(G[1], T[1] - tgy * G[1])
                 lx, ly = x % G[0], y % G[1]
                 flat = lx + ly * sx
-                assert list(r) == [x, y, z, lx, ly, tgx, tgy, sx, sy, flat, flat % 32, flat // 32]
+                assert list(r) == [
+                    x,
+                    y,
+                    z,
+                    lx,
+                    ly,
+                    tgx,
+                    tgy,
+                    sx,
+                    sy,
+                    flat,
+                    flat % 32,
+                    flat // 32,
+                    *G[:2],
+                ]
 
 
 THREADGROUP_REVERSE = """
