@@ -147,3 +147,23 @@ def test_divergent_simd_operations_are_an_error_not_a_wrong_answer():
     out = torch.zeros(64)
     with pytest.raises(MslError, match="kernel 'divergent'.*divergent SIMD-group operations"):
         lib.function("divergent").dispatch({0: out.data_ptr()}, threads=(64,), group=(64,))
+
+
+def test_threadgroup_larger_than_the_kernels_declared_maximum():
+    src = """
+#include <metal_stdlib>
+[[max_total_threads_per_threadgroup(64)]]
+kernel void small_groups(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = 2.0f;
+}
+"""
+    fn = compile_library(src).function("small_groups")
+    assert fn.max_threads_per_group == 64
+    out = torch.zeros(128)
+    with pytest.raises(
+        MslError,
+        match=r"kernel 'small_groups': threadgroup size \(128, 1, 1\) exceeds the kernel's 64 threads",
+    ):
+        fn.dispatch({0: out.data_ptr()}, threads=(128,), group=(128,))
+    fn.dispatch({0: out.data_ptr()}, threads=(128,), group=(64,))
+    assert torch.equal(out, torch.full((128,), 2.0))

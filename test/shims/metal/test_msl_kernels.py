@@ -324,3 +324,27 @@ def test_c10_metal_headers_compile_and_their_special_functions_match_torch():
     torch.testing.assert_close(o[:, 3], torch.log1p(x.abs()), **close)
     torch.testing.assert_close(o[:, 4], torch.logaddexp(x, 0.5 * x), **close)
     torch.testing.assert_close(o[:, 5], torch.floor_divide(x, 0.3), **close)
+
+
+def test_dispatches_from_several_os_threads_keep_their_threadgroup_memory_apart():
+    import threading
+
+    fn = compile_library(THREADGROUP_REVERSE).function("reverse_in_group")
+    n, g = 1024, 256
+    failures = []
+
+    def work(seed: int) -> None:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+        expected = torch.cat([x[i : i + g].flip(0) for i in range(0, n, g)])
+        for _ in range(10):
+            out = torch.zeros(n)
+            fn.dispatch({0: addr(out), 1: addr(x)}, threads=(n,), group=(g,))
+            if not torch.equal(out, expected):
+                failures.append(seed)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
