@@ -10,7 +10,8 @@
 ``constant`` pointer parameter, or for a by-reference scalar (``constant long& n``) the
 address of a slot holding the value. ``threads`` is the total thread count per dimension
 (Metal's ``dispatchThreads``: tail threadgroups are partial), ``group`` the threadgroup size
-(None: up to 256 threads in x). Every error is an ``MslError`` naming the kernel.
+(None: up to 256 threads in x, within the kernel's
+``[[max_total_threads_per_threadgroup]]``). Every error is an ``MslError`` naming the kernel.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class MslFunction:
             self._check_args(args)
         t = self._dims("threads", threads)
         if group is None:
-            g = (max(1, min(t[0], DEFAULT_GROUP)), 1, 1)
+            g = (max(1, min(t[0], DEFAULT_GROUP, self.max_threads_per_group)), 1, 1)
         else:
             g = self._dims("threadgroup size", group)
             if 0 in g:
