@@ -177,9 +177,11 @@ struct max_op {
 struct simd_vote {
   typedef ulong vote_t;
   vote_t v;
+  vote_t active = 0xffffffffull;  // all() asks about the lanes that voted
   explicit constexpr simd_vote(vote_t x = 0) : v(x) {}
+  constexpr simd_vote(vote_t x, vote_t lanes) : v(x), active(lanes) {}
   explicit constexpr operator vote_t() const { return v; }
-  constexpr bool all() const { return v == 0xffffffffull; }
+  constexpr bool all() const { return (v & active) == active; }
   constexpr bool any() const { return v != 0; }
 };
 
@@ -273,11 +275,11 @@ inline simd_vote simd_ballot(bool b) {
   ulong m = 0;
   for (uint32_t l = 0; l < ETM_MSL_SIMD_WIDTH; l++)
     if (detail::lane_value<uint32_t>(e, l)) m |= 1ull << l;
-  return simd_vote(m);
+  return simd_vote(m, e.active);
 }
 inline simd_vote simd_active_threads_mask() {
   etm_msl_exchange e = detail::exchange(uint32_t(1), detail::op_ballot);
-  return simd_vote(e.active);
+  return simd_vote(e.active, e.active);
 }
 inline bool simd_any(bool b) { return simd_ballot(b).any(); }
 inline bool simd_all(bool b) {

@@ -142,7 +142,7 @@ using namespace metal;
 kernel void simd_ops(device float* out [[buffer(0)]], constant float* in [[buffer(1)]],
                      uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
   float v = in[gid];
-  device float* o = out + gid * 9;
+  device float* o = out + gid * 10;
   o[0] = simd_sum(v);
   o[1] = simd_max(v);
   o[2] = simd_prefix_exclusive_sum(v);
@@ -153,6 +153,8 @@ kernel void simd_ops(device float* out [[buffer(0)]], constant float* in [[buffe
   o[8] = float(vote >> 16);
   o[6] = simd_shuffle_and_fill_down(v, -1.0f, 4u);
   o[7] = simd_shuffle_xor(v, 1u);
+  o[9] = float(simd_all(v > -100.0f)) + 2.0f * float(simd_ballot(v > -100.0f).all())
+       + 4.0f * float(simd_any(v > 2.5f));
 }
 """
 
@@ -162,9 +164,9 @@ def test_simd_group_operations_see_only_their_active_lanes():
     n, g = 100, 50  # groups of 50 threads: SIMD groups of 32 and 18 lanes, and a tail group
     x = torch.randn(n, generator=torch.Generator().manual_seed(1)).float()
     x[x.abs() < 0.1] = 0.5
-    out = torch.zeros(n * 9)
+    out = torch.zeros(n * 10)
     fn.dispatch({0: addr(out), 1: addr(x)}, threads=(n,), group=(g,))
-    got = out.view(n, 9).numpy().astype(np.float64)
+    got = out.view(n, 10).numpy().astype(np.float64)
     xs = x.numpy().astype(np.float64)
     for start in range(0, n, g):
         size = min(g, n - start)
@@ -185,6 +187,8 @@ def test_simd_group_operations_see_only_their_active_lanes():
                 src = lane + 4
                 assert r[6] == (lanes[src] if src < k else (0.0 if src < 32 else -1.0))
                 assert r[7] == (lanes[lane ^ 1] if (lane ^ 1) < k else 0.0)
+                # all/any over the active lanes only (a partial group's missing lanes do not vote)
+                assert r[9] == 1 + 2 + 4 * bool((lanes > 2.5).any())
 
 
 HALF_BFLOAT = """
