@@ -13,6 +13,11 @@
 //     operation while the rest of their SIMD group waits at a barrier took a divergent branch:
 //     their operation completes with exactly them active (c10's threadgroup reductions do this);
 //   - when nothing can run and no SIMD operation can complete, the threadgroup is deadlocked.
+// Limitation: g++ knows nothing of convergence, so lanes are matched by operation (kind and
+// operand size), not by call site. Lanes of one SIMD group meeting at different operations
+// are reported as divergent (an error, not a guess); two branches of an if/else that both
+// call the same operation (say simd_sum) would be combined into one operation over both
+// branches' lanes, where Metal runs two. c10's and Inductor's kernels do neither.
 // Each SIMD group exchanges values through two slot buffers used alternately: a lane writes
 // the next operation's value while its siblings may still be reading the previous result.
 #include <errno.h>
