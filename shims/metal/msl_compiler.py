@@ -195,7 +195,8 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
         raise ParseError(sorted(dup)[0], "two kernels share this name")
     unit = rewrite(text) + entry_source(kernels)
     dispatcher = dispatcher_path()
-    link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}"]
+    # libm: the header's __builtin_expf & co. become calls to expf & co. when not folded
+    link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}", "-lm"]
     try:
         so = build_shared(
             "msl", "libmsl.so", unit, lang="c++", flags=(*_FLAGS, "-fpreprocessed"), link=link

@@ -118,8 +118,6 @@ def _statement_start(text: str, i: int) -> int:
             depth -= 1
         elif depth == 0 and c in ";{}":
             return j + 1
-        elif c == "\n" and text[j + 1 : j + 2] == "#":
-            pass
         j -= 1
     return 0
 
