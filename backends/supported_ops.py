@@ -14,6 +14,7 @@ resulting operator is classified the way Inductor's lowering would treat it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -26,14 +27,16 @@ from etmetal.common.fallbacks import FALLBACKS, fallback_shims
 
 from .edge_ops import aten_overload
 from .passes.replace_view_copy_with_view import VIEW_OF_COPY
-from .targets import device_of
+from .targets import MPS, MPS_EMULATED, device_of
 
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
-# Fallback shims each target's runtime implements (the names the .so imports)
+# Fallback shims each target's runtime implements (the names the .so imports);
+# mps_emulated predicts exactly what a Mac's Metal runtime needs
 SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {t: fallback_shims(t) for t in FALLBACKS}
+SUPPORTED_FALLBACKS[MPS_EMULATED] = SUPPORTED_FALLBACKS[MPS]
 
 # Inductor lowerings that always emit an extern call (no generated kernel) unless
 # autotuning picks a template; the suffix of the shim each one calls.
@@ -295,9 +298,17 @@ class TargetCapabilities:
         def run(*flat: Any) -> Any:
             return op(*flat, **kwargs)
 
-        gm = make_fx(
-            run, decomposition_table=self._decomps, tracing_mode="fake", _allow_non_fake_inputs=True
-        )(*args)
+        with contextlib.ExitStack() as stack:
+            if self.device == "mps":  # what a macOS torch decomposes differently on mps
+                from .mps_decompositions import MacMpsDecompositions
+
+                stack.enter_context(MacMpsDecompositions())
+            gm = make_fx(
+                run,
+                decomposition_table=self._decomps,
+                tracing_mode="fake",
+                _allow_non_fake_inputs=True,
+            )(*args)
         return [n for n in gm.graph.nodes if n.op == "call_function"]
 
     def _check_control_flow(self, node: torch.fx.Node) -> OpVerdict:
