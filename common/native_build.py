@@ -14,12 +14,19 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .cache import ContentCache
 
-__all__ = ["WARNINGS", "NativeBuildError", "build_shared", "build_sources", "compiler"]
+__all__ = [
+    "WARNINGS",
+    "NativeBuildError",
+    "build_files",
+    "build_shared",
+    "build_sources",
+    "compiler",
+]
 
 _FORMAT = 3  # 3: entries of etmetal.common.cache (a 'complete' marker)
 
@@ -41,19 +48,20 @@ def compiler(lang: str) -> str:
     raise NativeBuildError(f"no {lang} compiler found (set {env}, or install {names[1]})")
 
 
-def _build(
+def build_files(
     kind: str,
     lib_name: str,
-    files: dict[str, bytes],
+    files: Mapping[str, bytes],
     compiled: Sequence[str],
     *,
-    lang: str,
-    flags: Sequence[str],
-    link: Sequence[str],
-    root: Path | None,
+    lang: str = "c",
+    flags: Sequence[str] = ("-O2",),
+    link: Sequence[str] = (),
+    root: Path | None = None,
 ) -> Path:
     """Write ``files`` (name -> content) into a fresh entry and compile ``compiled`` of them
-    there, so ``#include "x.h"`` finds its neighbours."""
+    there into one shared object, so ``#include "x.h"`` finds its neighbours. The key
+    hashes every file, compiled or not."""
     cc = compiler(lang)
     key_text = "|".join([str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link])
     digest = hashlib.sha256(key_text.encode())
@@ -93,7 +101,7 @@ def build_shared(
     """
     name = f"{Path(lib_name).stem}.{'c' if lang == 'c' else 'cpp'}"
     files = {name: source.encode()}
-    return _build(kind, lib_name, files, [name], lang=lang, flags=flags, link=link, root=root)
+    return build_files(kind, lib_name, files, [name], lang=lang, flags=flags, link=link, root=root)
 
 
 def build_sources(
@@ -119,4 +127,6 @@ def build_sources(
         except OSError as exc:
             raise NativeBuildError(f"building {kind}: cannot read {path}: {exc}") from exc
     compiled = [Path(p).name for p in sources]
-    return _build(kind, lib_name, files, compiled, lang=lang, flags=flags, link=link, root=root)
+    return build_files(
+        kind, lib_name, files, compiled, lang=lang, flags=flags, link=link, root=root
+    )

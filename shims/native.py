@@ -13,9 +13,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from etmetal.common.cache import cache_root
-from etmetal.common.native_build import NativeBuildError, build_shared, compiler
+from etmetal.common.native_build import (
+    WARNINGS,
+    NativeBuildError,
+    build_files,
+    build_shared,
+    compiler,
+)
 
-__all__ = ["NativeBuildError", "build_shared", "cache_root", "compiler", "link_wrapper"]
+__all__ = [
+    "WARNINGS",
+    "NativeBuildError",
+    "build_files",
+    "build_shared",
+    "cache_root",
+    "compiler",
+    "link_wrapper",
+]
 
 
 def link_wrapper(needed: Sequence[Path]) -> Path:
