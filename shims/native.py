@@ -1,75 +1,35 @@
-"""Build a shared object from C/C++ source once, cached by content hash, with the system compiler.
+"""Native builds of the shims: the per-model link wrappers and symbol checks.
 
-Used for the shim trampoline, the native copy kernels and the per-model link wrappers.
-A build is an entry ``<kind>/<key>`` of :mod:`etmetal.common.cache`, where ``key`` hashes
-the compiler, the machine, the flags and the source, so any change rebuilds; concurrent
-builders wait on the entry's lock and agree on one result.
+The generic content-addressed builder (:mod:`etmetal.common.native_build`) is re-exported
+here for the bridge.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import platform
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from etmetal.common.cache import ContentCache, cache_root
+from etmetal.common.cache import cache_root
+from etmetal.common.native_build import (
+    WARNINGS,
+    NativeBuildError,
+    build_files,
+    build_shared,
+    compiler,
+)
 
-__all__ = ["NativeBuildError", "build_shared", "cache_root", "compiler", "link_wrapper"]
-
-_FORMAT = 3  # 3: entries of etmetal.common.cache (a 'complete' marker)
-
-
-class NativeBuildError(RuntimeError):
-    """The system compiler is missing or rejected a generated source."""
-
-
-def compiler(lang: str) -> str:
-    """The C (``lang="c"``) or C++ (``"c++"``) compiler: $CC/$CXX first, then the usual names."""
-    names = ("CC", "gcc", "cc", "clang") if lang == "c" else ("CXX", "g++", "c++", "clang++")
-    for cand in (os.environ.get(names[0]), *names[1:]):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)  # type: ignore[return-value]
-    env = names[0]
-    raise NativeBuildError(f"no {lang} compiler found (set {env}, or install {names[1]})")
-
-
-def build_shared(
-    kind: str,
-    lib_name: str,
-    source: str,
-    *,
-    lang: str = "c",
-    flags: Sequence[str] = ("-O2",),
-    link: Sequence[str] = (),
-    root: Path | None = None,
-) -> Path:
-    """Compile ``source`` into ``<root>/<kind>/<key>/<lib_name>`` unless already built.
-
-    ``root`` defaults to the user cache dir (:func:`cache_root`).
-
-    ``link`` goes after the source on the command line (libraries, linker options);
-    it is part of the key, so a wrapper linking other objects by path is cached per path.
-    """
-    cc = compiler(lang)
-    ext = "c" if lang == "c" else "cpp"
-    key_text = "|".join([str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link])
-    key = hashlib.sha256(f"{key_text}\n{source}".encode()).hexdigest()[:24]
-
-    def build(tmp: Path) -> None:
-        src = tmp / f"{Path(lib_name).stem}.{ext}"
-        src.write_text(source)
-        cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp / lib_name), str(src), *link]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise NativeBuildError(f"building {kind} failed ({' '.join(cmd)}):\n{proc.stderr}")
-
-    entry, _ = ContentCache(kind, root).get_or_create(key, build)
-    return entry / lib_name
+__all__ = [
+    "WARNINGS",
+    "NativeBuildError",
+    "build_files",
+    "build_shared",
+    "cache_root",
+    "compiler",
+    "link_wrapper",
+]
 
 
 def link_wrapper(needed: Sequence[Path]) -> Path:

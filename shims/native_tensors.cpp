@@ -1,29 +1,20 @@
 // Native tensors of the shim trampoline (shims/native_tensors.py explains the design).
-// Compiled as part of the generated bridge source, inside its extern "C" block, after
-// the ETM_* constants native_tensors.py defines and the bridge's globals.
+// Its own translation unit, linked into the bridge with the generated trampoline, which
+// reaches it through native_tensors.h.
+#include "native_tensors.h"
 
-// per-handle records: a handle is its record's address. Python's tensors use the lower
-// half (records.Records writes them); native tensors the upper half (shims/native_tensors.py)
-typedef struct {
-  int64_t live, data_ptr, dim, offset, numel;
-  int32_t dtype, device_type;
-  int64_t sizes[8];
-  int64_t strides[8];
-  int64_t native;         // 0: Python's tensor; 1: owns a native allocation; 2: borrows an input
-  int64_t storage_bytes;  // native records: bytes of the allocation or the borrowed storage
-} etm_rec;
-static_assert(sizeof(etm_rec) == ETM_RECORD_SIZE, "native_tensors.RECORD_SIZE");
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+extern "C" {
+
 #define ETM_NREC ETM_TABLE_SLOTS
 #define ETM_NPY (ETM_NREC / 2)
 ETM_EXPORT int64_t etm_nrec = ETM_NREC;
 ETM_EXPORT int64_t etm_npy = ETM_NPY;
 ETM_EXPORT etm_rec etm_recs[ETM_NREC];
-static inline etm_rec* etm_rec_of(void* h) {
-  uintptr_t o = (uintptr_t)h - (uintptr_t)etm_recs;
-  if (o >= sizeof(etm_recs) || o % sizeof(etm_rec)) return nullptr;
-  etm_rec* r = (etm_rec*)h;
-  return r->live ? r : nullptr;
-}
 
 // ---- native tensors (shims/native_tensors.py) ----
 #define ETM_NNAT (ETM_NREC - ETM_NPY)
@@ -34,8 +25,8 @@ static bool etm_ring_fill() {
   return true;
 }
 static bool etm_ring_ready = etm_ring_fill();
-static const int8_t etm_itemsize[64] = {ETM_ITEMSIZES};
-ETM_EXPORT int64_t etm_native_limit = ETM_NATIVE_LIMIT;
+ETM_EXPORT int8_t etm_itemsize[ETM_NDTYPES] = {0};
+ETM_EXPORT int64_t etm_native_limit = 0;  // set by Python (ShimContext.sync_native_policy)
 ETM_EXPORT int64_t etm_native_cache_limit = 0;  // CACHE_LIMIT while models are open
 ETM_EXPORT int64_t etm_native_live = 0, etm_native_borrowed = 0;
 ETM_EXPORT int64_t etm_native_bytes = 0, etm_native_cached = 0;
@@ -78,7 +69,7 @@ ETM_EXPORT void etm_mem_empty_cache() {
   etm_cache.clear();
   etm_native_cached = 0;
 }
-static void etm_native_delete(etm_rec* r) {
+void etm_native_delete(etm_rec* r) {
   if (r->native == 1) {
     etm_mem_free((void*)(intptr_t)r->data_ptr, r->storage_bytes);
     etm_native_bytes -= r->storage_bytes;
@@ -111,15 +102,13 @@ ETM_EXPORT int32_t etm_slot_release(void* h) {
   etm_slot_give((etm_rec*)h);
   return 0;
 }
-// empty_strided for host memory within the limit; 0: not served here (Python decides/reports)
-static int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides,
-                            int32_t dtype, int32_t device_type, int32_t device_index,
-                            void** ret) {
-  if (etm_native_limit <= 0 || !ret || ndim < 0 || ndim > 8 || device_type != 0 ||
-      (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= 64 ||
+int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype,
+                     int32_t device_type, int32_t device_index, void** ret) {
+  if (etm_native_limit <= 0 || !ret || ndim < 0 || ndim > ETM_MAX_DIMS || device_type != 0 ||
+      (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
       !etm_itemsize[dtype] || (ndim && !sizes))
     return 0;
-  int64_t st[8], numel = 1, extent = 1, acc = 1;
+  int64_t st[ETM_MAX_DIMS], numel = 1, extent = 1, acc = 1;
   for (int64_t d = ndim - 1; d >= 0; d--) {
     if (sizes[d] < 0) return 0;
     st[d] = strides ? strides[d] : acc;
@@ -158,30 +147,14 @@ static int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* s
   return 1;
 }
 
-// one steady-state run (native_tensors.RunCall): inputs from images, outputs copied out
-typedef int32_t (*etm_container_run)(void*, void**, size_t, void**, size_t, void*, void*);
-typedef struct {
-  int64_t nbytes, dim;
-  int32_t dtype, pad;
-  int64_t sizes[8], strides[8];
-} etm_out;
-typedef struct {
-  etm_container_run run;
-  void* container;
-  const etm_rec* images;
-  int64_t n_in;
-  void** in_handles;
-  void** out_handles;
-  int64_t n_out;
-  const etm_out* outs;
-  const int64_t* dsts;  // where output i goes (0: nowhere, Python takes it)
-  int64_t leftover;     // out: inputs Python adopted that the container left behind
-  int64_t pending;      // out: outputs left for Python to take
-} etm_call;
 ETM_EXPORT int32_t etm_run(etm_call* c) {
   if (etm_ring_get + (uint64_t)c->n_in > etm_ring_put) return ETM_NO_SLOT;
   for (int64_t i = 0; i < c->n_in; i++) {
     etm_rec* r = etm_slot_take();
+    if (!r) {  // cannot happen (capacity checked above): undo, never write through null
+      for (int64_t j = 0; j < i; j++) etm_native_delete((etm_rec*)c->in_handles[j]);
+      return ETM_NO_SLOT;
+    }
     std::memcpy(r, &c->images[i], sizeof(etm_rec));
     r->native = 2;
     r->live = 1;
@@ -210,7 +183,8 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
     const etm_out* o = &c->outs[i];
     int64_t dst = c->dsts[i];
     if (!dst || r->dtype != o->dtype || r->dim != o->dim || r->storage_bytes != o->nbytes ||
-        std::memcmp(r->sizes, o->sizes, 8 * o->dim) || std::memcmp(r->strides, o->strides, 8 * o->dim))
+        std::memcmp(r->sizes, o->sizes, sizeof(int64_t) * o->dim) ||
+        std::memcmp(r->strides, o->strides, sizeof(int64_t) * o->dim))
       continue;
     std::memcpy((void*)(intptr_t)dst, (void*)(intptr_t)r->data_ptr, (size_t)o->nbytes);
     etm_native_delete(r);
@@ -219,3 +193,48 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
   }
   return rc;
 }
+
+// sizes and offsets of the shared structs, checked by native_tensors.check_layout at load
+#define ETM_STRUCT(S) {#S, (int64_t)sizeof(S), 0}
+#define ETM_FIELD(S, F) {#S "." #F, (int64_t)sizeof(((S*)0)->F), (int64_t)offsetof(S, F)}
+#define ETM_CONSTANT(C) {#C, (int64_t)(C), 0}
+const etm_layout_entry etm_layout[] = {
+    ETM_CONSTANT(ETM_MAX_DIMS),
+    ETM_CONSTANT(ETM_TABLE_SLOTS),
+    ETM_CONSTANT(ETM_NO_SLOT),
+    ETM_CONSTANT(ETM_NDTYPES),
+    ETM_STRUCT(etm_rec),
+    ETM_FIELD(etm_rec, live),
+    ETM_FIELD(etm_rec, data_ptr),
+    ETM_FIELD(etm_rec, dim),
+    ETM_FIELD(etm_rec, offset),
+    ETM_FIELD(etm_rec, numel),
+    ETM_FIELD(etm_rec, dtype),
+    ETM_FIELD(etm_rec, device_type),
+    ETM_FIELD(etm_rec, sizes),
+    ETM_FIELD(etm_rec, strides),
+    ETM_FIELD(etm_rec, native),
+    ETM_FIELD(etm_rec, storage_bytes),
+    ETM_STRUCT(etm_out),
+    ETM_FIELD(etm_out, nbytes),
+    ETM_FIELD(etm_out, dim),
+    ETM_FIELD(etm_out, dtype),
+    ETM_FIELD(etm_out, pad),
+    ETM_FIELD(etm_out, sizes),
+    ETM_FIELD(etm_out, strides),
+    ETM_STRUCT(etm_call),
+    ETM_FIELD(etm_call, run),
+    ETM_FIELD(etm_call, container),
+    ETM_FIELD(etm_call, images),
+    ETM_FIELD(etm_call, n_in),
+    ETM_FIELD(etm_call, in_handles),
+    ETM_FIELD(etm_call, out_handles),
+    ETM_FIELD(etm_call, n_out),
+    ETM_FIELD(etm_call, outs),
+    ETM_FIELD(etm_call, dsts),
+    ETM_FIELD(etm_call, leftover),
+    ETM_FIELD(etm_call, pending),
+};
+const int64_t etm_layout_count = sizeof(etm_layout) / sizeof(etm_layout[0]);
+
+}  // extern "C"

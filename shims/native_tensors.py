@@ -28,30 +28,25 @@ from pathlib import Path
 
 from .dtypes import ITEMSIZE
 
-MAX_DIMS = 8
-RECORD_SIZE = 192  # etm_rec below: 5 int64 + 2 int32 + 2 x int64[8] + 2 int64
-TABLE_SLOTS = 32768  # the lower half is Python's (records.Records), the upper half native
+# the C side of these is native_tensors.h; check_layout ties the two at load
+MAX_DIMS = 8  # ETM_MAX_DIMS
+TABLE_SLOTS = (
+    32768  # ETM_TABLE_SLOTS: the lower half is Python's (records.Records), the upper native
+)
+NO_SLOT = -0x7E7  # ETM_NO_SLOT: etm_run found no free native record; nothing ran
+NDTYPES = 64  # ETM_NDTYPES: dtype codes etm_itemsize covers
 NATIVE_LIMIT = 1 << 20  # largest empty_strided served natively, bytes (bigger: Python's)
 CACHE_LIMIT = 64 << 20  # freed native allocations kept for reuse, bytes
-NO_SLOT = -0x7E7  # etm_run: no free native record; nothing ran
 
 OWNED, BORROWED = 1, 2  # etm_rec.native
 
-
-def _defines() -> str:
-    itemsizes = [0] * 64
-    for code, size in ITEMSIZE.items():
-        itemsizes[code] = size
-    return (
-        f"#define ETM_RECORD_SIZE {RECORD_SIZE}\n#define ETM_TABLE_SLOTS {TABLE_SLOTS}\n"
-        f"#define ETM_NATIVE_LIMIT {NATIVE_LIMIT}\n#define ETM_NO_SLOT ({NO_SLOT})\n"
-        f"#define ETM_ITEMSIZES {', '.join(map(str, itemsizes))}\n"
-    )
+NATIVE_DIR = Path(__file__).parent
+SOURCE = NATIVE_DIR / "native_tensors.cpp"  # linked into the bridge next to the trampoline
+HEADER = NATIVE_DIR / "native_tensors.h"  # the shared structs, included by both
 
 
-def c_source() -> str:
-    """The records, the native allocator and ``etm_run``, for the bridge's generated source."""
-    return _defines() + (Path(__file__).parent / "native_tensors.cpp").read_text()
+class LayoutError(RuntimeError):
+    """The Python mirror of a struct of ``native_tensors.h`` disagrees with the C compiler."""
 
 
 # served in C before the call is forwarded to Python (bridge._native_path)
@@ -67,7 +62,23 @@ NATIVE_PATHS = {
     ),
 }
 
-INCLUDES = "#include <cstdlib>\n#include <cstring>\n#include <unordered_map>\n#include <vector>\n"
+
+class Record(ctypes.Structure):
+    """``etm_rec``: one handle's record (a handle is its record's address)."""
+
+    _fields_ = [
+        ("live", ctypes.c_int64),
+        ("data_ptr", ctypes.c_int64),
+        ("dim", ctypes.c_int64),
+        ("offset", ctypes.c_int64),
+        ("numel", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("device_type", ctypes.c_int32),
+        ("sizes", ctypes.c_int64 * MAX_DIMS),
+        ("strides", ctypes.c_int64 * MAX_DIMS),
+        ("native", ctypes.c_int64),
+        ("storage_bytes", ctypes.c_int64),
+    ]
 
 
 class OutSpec(ctypes.Structure):
@@ -101,8 +112,67 @@ class RunCall(ctypes.Structure):
     ]
 
 
-_RECORD = struct.Struct(f"=5q2i{MAX_DIMS}q{MAX_DIMS}q2q")
-assert _RECORD.size == RECORD_SIZE
+RECORD_SIZE = ctypes.sizeof(Record)
+STRUCTS = {"etm_rec": Record, "etm_out": OutSpec, "etm_call": RunCall}
+CONSTANTS = {
+    "ETM_MAX_DIMS": MAX_DIMS,
+    "ETM_TABLE_SLOTS": TABLE_SLOTS,
+    "ETM_NO_SLOT": NO_SLOT,
+    "ETM_NDTYPES": NDTYPES,
+}
+
+_CODES = {ctypes.c_int64: "q", ctypes.c_int32: "i"}
+
+
+def struct_format(cls: type[ctypes.Structure]) -> str:
+    """The ``struct`` format of a ctypes mirror of integer fields and integer arrays (the
+    packers in this module and ``records`` derive theirs from it, so they follow it)."""
+    codes = []
+    for _, ctype in cls._fields_:
+        if issubclass(ctype, ctypes.Array):
+            codes.append(f"{ctype._length_}{_CODES[ctype._type_]}")
+        else:
+            codes.append(_CODES[ctype])
+    fmt = "=" + "".join(codes)
+    assert struct.calcsize(fmt) == ctypes.sizeof(cls), cls.__name__  # no implicit padding
+    return fmt
+
+
+_RECORD = struct.Struct(struct_format(Record))
+
+
+class _LayoutEntry(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("size", ctypes.c_int64), ("offset", ctypes.c_int64)]
+
+
+def python_layout() -> dict[str, tuple[int, int]]:
+    """``name -> (size, offset)`` of every constant, struct and field, as Python sees them."""
+    out = {name: (value, 0) for name, value in CONSTANTS.items()}
+    for cname, cls in STRUCTS.items():
+        out[cname] = (ctypes.sizeof(cls), 0)
+        for field, _ in cls._fields_:
+            desc = getattr(cls, field)
+            out[f"{cname}.{field}"] = (desc.size, desc.offset)
+    return out
+
+
+def native_layout(lib: ctypes.CDLL) -> dict[str, tuple[int, int]]:
+    """The same table as the C compiler laid it out (``etm_layout`` of native_tensors.cpp)."""
+    count = ctypes.c_int64.in_dll(lib, "etm_layout_count").value
+    table = (_LayoutEntry * count).in_dll(lib, "etm_layout")
+    return {e.name.decode(): (e.size, e.offset) for e in table}
+
+
+def check_layout(lib: ctypes.CDLL) -> None:
+    """Raise LayoutError naming every constant, struct or field the two sides disagree on."""
+    py, c = python_layout(), native_layout(lib)
+    diffs = [
+        f"{name}: C (size, offset) {c.get(name)}, Python {py.get(name)}"
+        for name in sorted(set(py) | set(c))
+        if py.get(name) != c.get(name)
+    ]
+    if diffs:
+        raise LayoutError(f"{HEADER.name} and native_tensors.py disagree: " + "; ".join(diffs))
 
 
 @dataclass(frozen=True)
@@ -150,6 +220,7 @@ class NativeTensors:
     """The bridge's native-tensor functions and counters, bound once the bridge is loaded."""
 
     def __init__(self, lib: ctypes.PyDLL, records_base: int) -> None:
+        check_layout(lib)
         self.lib = lib
         self.records_base = records_base
         self.native_base = records_base + (TABLE_SLOTS // 2) * RECORD_SIZE
@@ -173,6 +244,9 @@ class NativeTensors:
         self.run = lib.etm_run
         self.run.argtypes, self.run.restype = [ctypes.c_void_p], ctypes.c_int32
         self.free_memory = lib.etm_mem_free
+        itemsizes = (ctypes.c_int8 * NDTYPES).in_dll(lib, "etm_itemsize")
+        for code, size in ITEMSIZE.items():
+            itemsizes[code] = size
 
     def counter(self, name: str) -> int:
         return self._counters[name].value

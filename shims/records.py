@@ -13,6 +13,18 @@ from dataclasses import dataclass
 from . import native_tensors
 from .storage import Tensor
 
+_HEAD = "=5q2i"  # etm_rec's live..device_type, then sizes; tied to native_tensors.Record:
+_REC = native_tensors.Record
+assert struct.calcsize(_HEAD) == _REC.sizes.offset
+assert _REC.strides.offset == _REC.sizes.offset + _REC.sizes.size
+
+
+def _record_prefix(d: int) -> str:
+    """The ``struct`` format writing a ``d``-dim tensor's record up to its last stride: the
+    unused sizes are skipped, the unused strides and what follows are left alone."""
+    unused = _REC.sizes.size // native_tensors.MAX_DIMS * (native_tensors.MAX_DIMS - d)
+    return f"{_HEAD}{d}q{unused}x{d}q"
+
 
 @dataclass(frozen=True)
 class MemoryStats:
@@ -33,7 +45,7 @@ class Records:
     The record holds what the hot read-only getters return (data pointer, dim, sizes,
     strides, dtype, device, offset, numel), so the trampoline answers them without
     calling Python. Written once when a handle is created (tensors never change shape
-    in place), marked dead when it is deleted. Layout: ``etm_rec`` in ``native_tensors.cpp``.
+    in place), marked dead when it is deleted. Layout: ``etm_rec`` in ``native_tensors.h``.
     """
 
     MAX_DIMS = native_tensors.MAX_DIMS
@@ -56,8 +68,7 @@ class Records:
         # long as possible, so it is reported instead of aliasing a new tensor
         self.free = deque(range(count))
         self._packers = [
-            struct.Struct(f"=5q2i{d}q{8 * (8 - d)}x{d}q").pack_into
-            for d in range(self.MAX_DIMS + 1)
+            struct.Struct(_record_prefix(d)).pack_into for d in range(self.MAX_DIMS + 1)
         ]
         self._dead = struct.Struct("=q").pack_into
 

@@ -5,8 +5,8 @@ rejects the rest. ``view_copy`` is defined on logical element order: the result 
 input's elements in row-major order of its logical shape, whatever the input's and the
 out tensor's physical layouts are. A dense default-order input and out take one flat copy.
 When only one side is in default order (channels-last input, say) the copy is a
-transpose; the shims' native tiled strided copy does it at 0.6-0.9 of a contiguous copy's
-bandwidth (``etmetal bench overhead``), with torch as the fallback for what it does not
+transpose; the native tiled strided copy (``strided_copy``) does it at 0.6-0.9 of a
+contiguous copy's bandwidth (``etmetal bench overhead``), with torch as the fallback for what it does not
 take (both sides permuted, odd dtypes). A contiguous out is gathered into directly, with
 no view of it made: at 1 MiB the Python path is a tenth of the call.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ...shims.strided_copy import gather_contiguous, strided_copy
 from ..layout import numel, resize_in_dim_order
 from .registry import register_kernel
+from .strided_copy import gather_contiguous, strided_copy
 
 
 def target_size(self_shape: list[int], size: list[int]) -> list[int]:

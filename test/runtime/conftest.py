@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# pytest runs with --import-mode=importlib: make this folder's helper modules importable
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def to_pte(

@@ -294,7 +294,7 @@ def _module_state() -> dict[tuple[str, str], tuple[int, str]]:
 def test_using_the_shims_changes_no_module_level_state(chunk_cat, other):
     """Handles, storages, errors, allocations, model runs and copies all land in contexts:
     no module global is rebound and no module-level table changes."""
-    from etmetal.shims.strided_copy import strided_copy
+    from etmetal.runtime.kernels.strided_copy import strided_copy
 
     expected, x, so_path, so_copy, weights = chunk_cat
     before = _module_state()

@@ -1,25 +1,27 @@
-"""C source of the vector transposes behind the native strided copy (``strided_copy``).
+/* The vector transposes behind the native strided copy (see transpose_kernels.h).
+ *
+ * Micro-tiles are register transposes (shuffles only, so every bit, NaN payloads included,
+ * is preserved): 8x8 of 4-byte and 4x4 of 8-byte elements with AVX2, chosen at run time
+ * (__builtin_cpu_supports) so one build runs on any x86-64; 8x8 of 2-byte and 16x16 or 8x8
+ * of 1-byte elements with the baseline SSE2. Tiles (128 bytes of each source row by a few
+ * hundred destination columns) keep the source block in L1 or L2 while 8 or 16 destination
+ * rows fill whole cache lines side by side; 8 when the destination rows' stride is near a
+ * multiple of 4 KiB, where 16 rows would share L1 sets.
+ *
+ * Copies of a quarter of the last-level cache or more store non-temporally (8 rows at a
+ * time: few write-combining buffers) when the destination rows are 16-byte aligned: a
+ * cached store first reads each destination line (read-for-ownership), a third of the
+ * traffic of a copy that misses the cache anyway.
+ */
+#define _GNU_SOURCE /* sysconf(_SC_LEVEL3_CACHE_SIZE) */
+#include "transpose_kernels.h"
 
-``transpose_fast(d, s, item, bn, an, bd, as, stream)`` moves ``d[i*bd + j] = s[j*as + i]``
-(``i < bn``, ``j < an``) for 1-, 2-, 4- and 8-byte elements, the layout change of a
-channels-last to contiguous copy. Micro-tiles are register transposes (shuffles only, so
-every bit, NaN payloads included, is preserved): 8x8 of 4-byte and 4x4 of 8-byte elements
-with AVX2, chosen at run time (``__builtin_cpu_supports``) so one build runs on any x86-64;
-8x8 of 2-byte and 16x16 or 8x8 of 1-byte elements with the baseline SSE2. Tiles (128 bytes
-of each source row by a few hundred destination columns) keep the source block in L1 or
-L2 while 8 or 16 destination rows fill whole cache lines side by side; 8 when the
-destination rows' stride is near a multiple of 4 KiB, where 16 rows would share L1 sets.
-
-Copies of a quarter of the last-level cache or more store non-temporally (8 rows at a
-time: few write-combining buffers) when the destination rows are 16-byte aligned: a
-cached store first reads each destination line (read-for-ownership), a third of the
-traffic of a copy that misses the cache anyway.
-Returns 0 (the caller walks the elements itself) off x86-64 or for shapes it does not take.
-"""
-
-from __future__ import annotations
-
-SOURCE = r"""
+#include <stdio.h>
+#include <unistd.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ETM_X86 1
+#include <immintrin.h>
+#endif
 /* ---- cache geometry ---- */
 
 /* last-level cache bytes: sysfs first (what lscpu shows; under a hypervisor sysconf may
@@ -55,7 +57,7 @@ static int64_t l3_bytes(void) {
    cached anyway; measured here, it lifts 8-64 MiB transposes from ~0.68 to ~0.85 of a
    contiguous copy's bandwidth */
 static int64_t stream_bytes = -1; /* -1: not measured yet */
-static int64_t stream_threshold(void) {
+int64_t etm_stream_threshold(void) {
   if (stream_bytes < 0) {
     int64_t l3 = l3_bytes();
     stream_bytes = (l3 > 0 ? l3 : ((int64_t)32 << 20)) / 4;
@@ -292,8 +294,8 @@ static int have_avx2(void) {
 }
 
 /* the rows [0, returned) go through vector tiles; the caller walks the rest */
-static int64_t transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int64_t an,
-                               int64_t bd, int64_t as, int stream) {
+int64_t etm_transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int64_t an,
+                            int64_t bd, int64_t as, int stream) {
   int avx2 = have_avx2();
   if ((item == 8 && !avx2) || an < 16) return 0;
   /* streaming stores need 16-byte aligned destination rows */
@@ -333,10 +335,11 @@ static int64_t transpose_tiles(void* d, const void* s, size_t item, int64_t bn, 
   return rows;
 }
 #else
-static int64_t transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int64_t an,
-                               int64_t bd, int64_t as, int stream) {
+int64_t etm_transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int64_t an,
+                            int64_t bd, int64_t as, int stream) {
   (void)d; (void)s; (void)item; (void)bn; (void)an; (void)bd; (void)as; (void)stream;
   return 0;
 }
 #endif
-"""
+
+void etm_set_stream_threshold(int64_t bytes) { stream_bytes = bytes; }

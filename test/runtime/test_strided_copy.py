@@ -7,7 +7,7 @@ import torch
 from random_tensors import make_tensor
 
 from etmetal.runtime.kernels import lookup
-from etmetal.shims.strided_copy import available, strided_copy
+from etmetal.runtime.kernels.strided_copy import available, strided_copy
 
 view_copy = lookup("aten::view_copy.out")
 

@@ -14,7 +14,7 @@ import torch
 from random_tensors import make_tensor
 
 from etmetal.runtime.kernels import lookup
-from etmetal.shims.strided_copy import (
+from etmetal.runtime.kernels.strided_copy import (
     gather_contiguous,
     set_stream_threshold_bytes,
     stream_threshold_bytes,

@@ -1,0 +1,132 @@
+"""Build a shared object from C/C++ sources once, cached by content hash, with the system compiler.
+
+Serves the shim bridge (``shims.native``) and the runtime's native kernels. A build is an
+entry ``<kind>/<key>`` of :mod:`etmetal.common.cache`, where ``key`` hashes the compiler,
+the machine, the flags and every source and header, so any change rebuilds; concurrent
+builders wait on the entry's lock and agree on one result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .cache import ContentCache
+
+__all__ = [
+    "WARNINGS",
+    "NativeBuildError",
+    "build_files",
+    "build_shared",
+    "build_sources",
+    "compiler",
+]
+
+_FORMAT = 3  # 3: entries of etmetal.common.cache (a 'complete' marker)
+
+# every native source of the project builds clean with these (test_native_sources checks)
+WARNINGS = ("-Wall", "-Wextra", "-Werror")
+
+
+class NativeBuildError(RuntimeError):
+    """The system compiler is missing or rejected a source."""
+
+
+def compiler(lang: str) -> str:
+    """The C (``lang="c"``) or C++ (``"c++"``) compiler: $CC/$CXX first, then the usual names."""
+    names = ("CC", "gcc", "cc", "clang") if lang == "c" else ("CXX", "g++", "c++", "clang++")
+    for cand in (os.environ.get(names[0]), *names[1:]):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)  # type: ignore[return-value]
+    env = names[0]
+    raise NativeBuildError(f"no {lang} compiler found (set {env}, or install {names[1]})")
+
+
+def build_files(
+    kind: str,
+    lib_name: str,
+    files: Mapping[str, bytes],
+    compiled: Sequence[str],
+    *,
+    lang: str = "c",
+    flags: Sequence[str] = ("-O2",),
+    link: Sequence[str] = (),
+    root: Path | None = None,
+) -> Path:
+    """Write ``files`` (name -> content) into a fresh entry and compile ``compiled`` of them
+    there into one shared object, so ``#include "x.h"`` finds its neighbours. The key
+    hashes every file, compiled or not."""
+    cc = compiler(lang)
+    key_text = "|".join([str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link])
+    digest = hashlib.sha256(key_text.encode())
+    for name in sorted(files):
+        digest.update(f"\n--{name}--\n".encode())
+        digest.update(files[name])
+    key = digest.hexdigest()[:24]
+
+    def build(tmp: Path) -> None:
+        for name, content in files.items():
+            (tmp / name).write_bytes(content)
+        srcs = [str(tmp / name) for name in compiled]
+        cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp / lib_name), *srcs, *link]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NativeBuildError(f"building {kind} failed ({' '.join(cmd)}):\n{proc.stderr}")
+
+    entry, _ = ContentCache(kind, root).get_or_create(key, build)
+    return entry / lib_name
+
+
+def build_shared(
+    kind: str,
+    lib_name: str,
+    source: str,
+    *,
+    lang: str = "c",
+    flags: Sequence[str] = ("-O2",),
+    link: Sequence[str] = (),
+    root: Path | None = None,
+) -> Path:
+    """Compile the text ``source`` into ``<root>/<kind>/<key>/<lib_name>`` unless already built.
+
+    ``root`` defaults to the user cache dir (:func:`etmetal.common.cache.cache_root`).
+    ``link`` goes after the source on the command line (libraries, linker options);
+    it is part of the key, so a wrapper linking other objects by path is cached per path.
+    """
+    name = f"{Path(lib_name).stem}.{'c' if lang == 'c' else 'cpp'}"
+    files = {name: source.encode()}
+    return build_files(kind, lib_name, files, [name], lang=lang, flags=flags, link=link, root=root)
+
+
+def build_sources(
+    kind: str,
+    lib_name: str,
+    sources: Sequence[Path],
+    headers: Sequence[Path] = (),
+    *,
+    lang: str = "c",
+    flags: Sequence[str] = ("-O2",),
+    link: Sequence[str] = (),
+    root: Path | None = None,
+) -> Path:
+    """Compile the source files ``sources`` (with the ``headers`` they include, all by file
+    name, so they must not collide) into one shared object, like :func:`build_shared`."""
+    files: dict[str, bytes] = {}
+    for path in (*sources, *headers):
+        path = Path(path)
+        if path.name in files:
+            raise NativeBuildError(f"building {kind}: two inputs named {path.name}")
+        try:
+            files[path.name] = path.read_bytes()
+        except OSError as exc:
+            raise NativeBuildError(f"building {kind}: cannot read {path}: {exc}") from exc
+    compiled = [Path(p).name for p in sources]
+    return build_files(
+        kind, lib_name, files, compiled, lang=lang, flags=flags, link=link, root=root
+    )

@@ -1,0 +1,21 @@
+/* The vector transposes behind the native strided copy (strided_copy.c).
+ *
+ * etm_transpose_tiles(d, s, item, bn, an, bd, as, stream) moves d[i*bd + j] = s[j*as + i]
+ * (i < bn, j < an) for 1-, 2-, 4- and 8-byte elements through register micro-tiles and
+ * returns how many leading rows it did; the caller walks the rest (all of them off x86-64).
+ */
+#ifndef ETMETAL_TRANSPOSE_KERNELS_H
+#define ETMETAL_TRANSPOSE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+int64_t etm_transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int64_t an,
+                            int64_t bd, int64_t as, int stream);
+
+/* bytes from which copies store non-temporally (a quarter of the last-level cache) */
+int64_t etm_stream_threshold(void);
+/* the tests move the threshold to reach the streaming path with small tensors */
+void etm_set_stream_threshold(int64_t bytes);
+
+#endif

@@ -1,0 +1,90 @@
+// The shared records of the shim bridge: what the generated trampoline (shims/bridge.py),
+// native_tensors.cpp and Python (native_tensors.py, records.py, steady_run.py) agree on.
+//
+// The layouts are written once, here. Python describes the same structs with ctypes and
+// checks every field's size and offset against etm_layout (exported by native_tensors.cpp)
+// when the bridge loads, so neither side can drift alone.
+#ifndef ETMETAL_NATIVE_TENSORS_H
+#define ETMETAL_NATIVE_TENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ETM_EXPORT __attribute__((visibility("default")))
+
+#define ETM_MAX_DIMS 8         // native_tensors.MAX_DIMS
+#define ETM_TABLE_SLOTS 32768  // native_tensors.TABLE_SLOTS: lower half Python's, upper native
+#define ETM_NO_SLOT (-0x7E7)   // native_tensors.NO_SLOT: etm_run found no free record
+#define ETM_NDTYPES 64         // c10 dtype codes etm_itemsize covers
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// per-handle records: a handle is its record's address. Python's tensors use the lower
+// half (records.Records writes them); native tensors the upper half
+typedef struct {
+  int64_t live, data_ptr, dim, offset, numel;
+  int32_t dtype, device_type;
+  int64_t sizes[ETM_MAX_DIMS];
+  int64_t strides[ETM_MAX_DIMS];
+  int64_t native;         // 0: Python's tensor; 1: owns a native allocation; 2: borrows an input
+  int64_t storage_bytes;  // native records: bytes of the allocation or the borrowed storage
+} etm_rec;
+
+// the geometry output i of a steady-state run is predicted to come back with
+typedef struct {
+  int64_t nbytes, dim;
+  int32_t dtype, pad;
+  int64_t sizes[ETM_MAX_DIMS], strides[ETM_MAX_DIMS];
+} etm_out;
+
+// one steady-state run (native_tensors.RunCall): inputs from images, outputs copied out
+typedef int32_t (*etm_container_run)(void*, void**, size_t, void**, size_t, void*, void*);
+typedef struct {
+  etm_container_run run;
+  void* container;
+  const etm_rec* images;
+  int64_t n_in;
+  void** in_handles;
+  void** out_handles;
+  int64_t n_out;
+  const etm_out* outs;
+  const int64_t* dsts;  // where output i goes (0: nowhere, Python takes it)
+  int64_t leftover;     // out: inputs Python adopted that the container left behind
+  int64_t pending;      // out: outputs left for Python to take
+} etm_call;
+
+// one row of etm_layout: a struct ("etm_rec", offset 0) or a field ("etm_rec.sizes"),
+// or a constant ("ETM_MAX_DIMS", value in size)
+typedef struct {
+  const char* name;
+  int64_t size, offset;
+} etm_layout_entry;
+
+ETM_EXPORT extern const etm_layout_entry etm_layout[];
+ETM_EXPORT extern const int64_t etm_layout_count;
+
+ETM_EXPORT extern etm_rec etm_recs[ETM_TABLE_SLOTS];
+// bytes per element of each dtype code (0: not served natively); Python fills it at load
+ETM_EXPORT extern int8_t etm_itemsize[ETM_NDTYPES];
+
+// the live record at handle h, or NULL (not a record of the table, or dead)
+static inline etm_rec* etm_rec_of(void* h) {
+  uintptr_t o = (uintptr_t)h - (uintptr_t)etm_recs;
+  if (o >= sizeof(etm_recs) || o % sizeof(etm_rec)) return NULL;
+  etm_rec* r = (etm_rec*)h;
+  return r->live ? r : NULL;
+}
+
+// empty_strided for host memory within the limit; 0: not served here (Python decides/reports)
+int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype,
+                     int32_t device_type, int32_t device_index, void** ret);
+// free a native record (owned allocation or borrowed input) and give its slot back
+void etm_native_delete(etm_rec* r);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // ETMETAL_NATIVE_TENSORS_H
