@@ -195,7 +195,11 @@ def compile_exported_program(
     key = cache_key(ep, target, _keyed_options(target, options))
     if not use_cache:  # a private directory the caller owns
         entry = Path(tempfile.mkdtemp(prefix="etmetal-aoti-"))
-        _compile_into(ep, target, options, key, entry)
+        try:
+            _compile_into(ep, target, options, key, entry)
+        except BaseException:  # nothing half-written is left behind
+            shutil.rmtree(entry, ignore_errors=True)
+            raise
         return _artifact(key, entry, from_cache=False)
     entry, hit = ContentCache("aoti", cache_dir).get_or_create(
         key, lambda tmp: _compile_into(ep, target, options, key, tmp), stamp=key
