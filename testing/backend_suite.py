@@ -206,7 +206,14 @@ def run_flows(
         cmd += ["-n", str(workers)]
     env = dict(os.environ)
     env[DELEGATED_LOG_ENV] = str(out_dir / "delegated.log")
-    subprocess.run(cmd, cwd=out_dir, check=False, stdout=subprocess.DEVNULL, env=env)
+    # the results are in the XML; the session's own output (the dependencies' import-time
+    # warnings included) matters only when it wrote none
+    proc = subprocess.run(cmd, cwd=out_dir, capture_output=True, text=True, env=env)
+    if not xml_path.exists():
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+        raise RuntimeError(
+            f"the suite's pytest session wrote no results ({proc.returncode}):\n{tail}"
+        )
     return {flow: parse_junit(xml_path, flow) for flow in flows}
 
 
