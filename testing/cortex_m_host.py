@@ -141,7 +141,13 @@ class _Patch:
     def __init__(self) -> None:
         import importlib
 
-        self.module = importlib.import_module(_TESTER_MODULE)
+        try:
+            self.module = importlib.import_module(_TESTER_MODULE)
+        except ImportError as exc:
+            raise pytest.UsageError(
+                f"{PLUGIN_NAME}: ExecuTorch's Cortex-M tester ({_TESTER_MODULE}) cannot be "
+                f"imported: {exc}. It needs the Arm TOSA serializer: pip install 'etmetal[cortex-m]'"
+            ) from exc
         self.original = self.module.CortexMSerialize
         self.module.CortexMSerialize = host_serialize_class(self.original)
 
