@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files", nargs="*", default=None, help="operator test files only")
     parser.add_argument("-n", dest="workers", type=int, default=1, help="xdist workers")
     parser.add_argument("--json", default=None, help="write the summary here")
+    parser.add_argument(
+        "--no-timeout", action="store_true", help="drop the suite's per-case time limits"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         compare,
         delegated_tests,
         failure_causes,
+        failure_stages,
         run_flows,
         skip_reasons,
     )
@@ -31,13 +35,19 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="etmetal-suite-") as tmp:
         results = run_flows(
-            args.flows, Path(tmp), files=args.files, keyword=args.keyword, workers=args.workers
+            args.flows,
+            Path(tmp),
+            files=args.files,
+            keyword=args.keyword,
+            workers=args.workers,
+            timeouts=not args.no_timeout,
         )
         xml_path = Path(tmp) / "suite.xml"
         for f in args.flows:
             have = xml_path.exists()
             extra[f] = {
                 "failure_causes": failure_causes(xml_path, f) if have else [],
+                "failure_stages": failure_stages(xml_path, f) if have else [],
                 "skip_reasons": skip_reasons(xml_path, f) if have else [],
             }
             delegated = delegated_tests(Path(tmp), f)
@@ -59,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{flow:>10}: {len(info['delegated_pass'])} of {passed} passes ran delegated "
                 "programs (the rest lowered nothing to the delegate)"
             )
-        for key, title in (("failure_causes", "failure causes"), ("skip_reasons", "skip reasons")):
+        for key, title in (
+            ("failure_stages", "failure stages"),
+            ("failure_causes", "failure causes"),
+            ("skip_reasons", "skip reasons"),
+        ):
             if info[key]:
                 print(f"{flow:>10}: top {title}:")
                 for n, cause in info[key]:

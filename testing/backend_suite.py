@@ -10,6 +10,11 @@ the ``.pte`` through the Metal delegate (native code trusted: the suite compiled
 The script reports how many of its passes really ran a delegated program and the most
 frequent failure causes (``--flows metal_host``).
 
+The ``cortex_m_host`` flow (``etmetal.testing.cortex_m_flow``) is upstream's ``cortex_m`` flow
+(quantize -> Cortex-M passes -> serialize) with the program run in etmetal's runtime instead
+of the FVP; its failures are reported by the suite stage that failed and, for output
+mismatches, by whether the lowered program or the runtime is the cause.
+
 Used two ways:
 
 - as a pytest plugin (``-p etmetal.testing.backend_suite``): registers the flow and fixes
@@ -28,6 +33,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 SEED_ENV = "ETMETAL_SUITE_SEED"
 DELEGATED_LOG_ENV = "ETMETAL_SUITE_DELEGATED_LOG"
@@ -130,11 +137,22 @@ def _make_metal_host_flow():
 
 ETMETAL_TEST_FLOW = None
 METAL_HOST_TEST_FLOW = None
+CORTEX_M_HOST_TEST_FLOW = None
+
+
+def _make_cortex_m_host_flow():
+    """``cortex_m_host`` (``etmetal.testing.cortex_m_flow``), or None without the Cortex-M
+    test stack (the ``cortex-m`` extra)."""
+    try:
+        from etmetal.testing.cortex_m_flow import make_flow
+    except ImportError:
+        return None
+    return make_flow()
 
 
 def _install() -> None:
     """Add the flow to the suite's registry and pin the input seed (plugin import time)."""
-    global ETMETAL_TEST_FLOW, METAL_HOST_TEST_FLOW
+    global ETMETAL_TEST_FLOW, METAL_HOST_TEST_FLOW, CORTEX_M_HOST_TEST_FLOW
     import executorch.backends.test.suite.flow as flow_module
     from executorch.backends.test.suite import reporting
 
@@ -142,12 +160,15 @@ def _install() -> None:
         return
     ETMETAL_TEST_FLOW = _make_flow()
     METAL_HOST_TEST_FLOW = _make_metal_host_flow()
+    CORTEX_M_HOST_TEST_FLOW = _make_cortex_m_host_flow()
     stock_all_flows = flow_module.all_flows
 
     def all_flows():
         flows = stock_all_flows()
         flows[ETMETAL_TEST_FLOW.name] = ETMETAL_TEST_FLOW
         flows[METAL_HOST_TEST_FLOW.name] = METAL_HOST_TEST_FLOW
+        if CORTEX_M_HOST_TEST_FLOW is not None:
+            flows[CORTEX_M_HOST_TEST_FLOW.name] = CORTEX_M_HOST_TEST_FLOW
         return flows
 
     all_flows._etmetal = True
@@ -157,6 +178,21 @@ def _install() -> None:
 
 
 _install()
+
+RESULTS_PROPERTY = "suite_results"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Record the suite's own verdicts (``TestResult`` names: QUANTIZE_FAIL, LOWER_FAIL,
+    PTE_RUN_FAIL, OUTPUT_MISMATCH_FAIL, ...) as a junit property: the stage that failed."""
+    report = yield
+    runner = getattr(item, "funcargs", {}).get("test_runner")
+    results = getattr(runner, "_results", None)
+    if call.when == "call" and results:
+        names = ",".join(r.result.name for r in results)
+        item.user_properties.append((RESULTS_PROPERTY, names))  # junit reads the teardown's
+    return report
 
 
 # ----------------------------------------------------------------------------- script
@@ -175,6 +211,7 @@ def run_flows(
     files: list[str] | None = None,
     keyword: str | None = None,
     workers: int = 1,
+    timeouts: bool = True,
 ) -> dict[str, dict[str, str]]:
     """Run the operator suite (or ``files`` of it) for ``flows`` in one pytest session.
 
@@ -204,6 +241,8 @@ def run_flows(
         cmd += ["-k", keyword]
     if workers > 1:
         cmd += ["-n", str(workers)]
+    if not timeouts:  # the suite's per-case limits (120 s per operator case) assume an idle machine
+        cmd += ["-p", "no:timeout"]
     env = dict(os.environ)
     env[DELEGATED_LOG_ENV] = str(out_dir / "delegated.log")
     # the results are in the XML; the session's own output (the dependencies' import-time
@@ -240,6 +279,37 @@ _ERROR_LINE = re.compile(r"^E\s+((?:[\w.]+)(?:Error|Exception|Failure)\b.*)$", r
 def failure_causes(xml_path: Path, flow: str, top: int = 10) -> list[tuple[int, str]]:
     """The most frequent root errors of ``flow``'s failed cases: (count, message)."""
     return _reasons(xml_path, flow, ("failure", "error"), top)
+
+
+def failure_stages(xml_path: Path, flow: str) -> list[tuple[int, str]]:
+    """``flow``'s failures grouped by the suite stage that failed (its ``TestResult``), with
+    the ``cortex_m_host`` flow's mismatch analysis (lowered program or runtime) appended."""
+    from etmetal.testing.cortex_m_flow import PROGRAM_CAUSE, RUNTIME_CAUSE
+
+    counts: dict[str, int] = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if f"[{flow}-" not in name and f"[{flow}]" not in name:
+            continue
+        node = case.find("failure")
+        node = node if node is not None else case.find("error")
+        if node is None:
+            continue
+        props = {p.get("name"): p.get("value") or "" for p in case.iter("property")}
+        verdicts = props.get(RESULTS_PROPERTY, "").split(",")
+        failed = [
+            v for v in verdicts if v and v not in ("SUCCESS", "SUCCESS_UNDELEGATED", "SKIPPED")
+        ]
+        text = node.text or ""
+        stage = failed[0] if failed else "no suite verdict"
+        if "Timeout" in (node.get("message") or "") or "Timeout (>" in text:
+            stage = "timeout (pytest-timeout)"
+        if PROGRAM_CAUSE in text:
+            stage += ": lowered program (equals the cortex_m program on the Python references)"
+        elif RUNTIME_CAUSE in text:
+            stage += ": runtime (differs from the cortex_m program on the Python references)"
+        counts[stage] = counts.get(stage, 0) + 1
+    return sorted(((n, c) for c, n in counts.items()), reverse=True)
 
 
 def skip_reasons(xml_path: Path, flow: str, top: int = 10) -> list[tuple[int, str]]:
