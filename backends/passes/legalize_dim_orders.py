@@ -30,16 +30,27 @@ import logging
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any
 
-import executorch.exir.passes.dim_order_ops_registry  # noqa: F401  (registers dim_order_ops)
 import torch
 from executorch.exir import memory
-from executorch.exir.dialects._ops import ops as exir_ops
-from executorch.exir.tensor import TensorSpec, stride_from_dim_order
+from executorch.exir.tensor import TensorSpec
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from ..edge_ops import aten_overload
+from .dim_order_layouts import (
+    CHANNELS_LAST,
+    CONTIGUOUS,
+    TO_DIM_ORDER,
+    can_be,
+    dim_order_of,
+    fake_in,
+    insert_conversion,
+    insert_view,
+    layout_of,
+    numel_hint,
+    same_memory,
+    set_dim_order,
+)
 from .layout_safe_view_copy import LayoutSafeViewCopyError
 from .stock_kernel_layouts import (
     CONVERSION,
@@ -51,72 +62,13 @@ from .stock_kernel_layouts import (
 
 logger: logging.Logger = logging.getLogger(__name__)
 
-_TO_DIM_ORDER = exir_ops.edge.dim_order_ops._to_dim_order_copy.default
-_VIEW_COPY = exir_ops.edge.aten.view_copy.default
 _INF = math.inf
 _INSERTED = "etmetal_dim_order_conversion"  # meta key marking the nodes this pass adds
-CONTIGUOUS, CHANNELS_LAST = "contiguous", "channels_last"
 
 
 class StockKernelLayoutError(LayoutSafeViewCopyError):
     """An operator whose tensors no conversion can bring to dim orders its stock kernel
     accepts; the message names the node and the kernel's check."""
-
-
-def layout_of(dim_order: Any) -> str | None:
-    """``CONTIGUOUS``, ``CHANNELS_LAST`` or None (any other dim order)."""
-    order = tuple(int(d) for d in dim_order)
-    if order == tuple(range(len(order))):
-        return CONTIGUOUS
-    if order in ((0, 2, 3, 1), (0, 2, 3, 4, 1)):
-        return CHANNELS_LAST
-    return None
-
-
-def dim_order_of(layout: str, rank: int) -> tuple[int, ...]:
-    if layout == CONTIGUOUS:
-        return tuple(range(rank))
-    return (0, *range(2, rank), 1)
-
-
-def _can_be(layout: str, rank: int) -> bool:
-    return layout == CONTIGUOUS or rank in (4, 5)
-
-
-def _is_one(size: Any) -> bool:
-    return isinstance(size, int) and size == 1
-
-
-def same_memory(shape: Any, order_a: Any, order_b: Any) -> bool:
-    """Do two dim orders lay out a dense tensor of ``shape`` identically? They do when they
-    agree once the size-1 dims are left out."""
-    a = [int(d) for d in order_a if not _is_one(shape[int(d)])]
-    b = [int(d) for d in order_b if not _is_one(shape[int(d)])]
-    return a == b
-
-
-def _numel(spec: TensorSpec) -> float:
-    total = 1
-    for size in spec.shape:
-        if not isinstance(size, int):
-            hint = getattr(getattr(size, "node", None), "hint", None)
-            size = hint if isinstance(hint, int) else 1 << 16
-        total *= size
-    return float(total)
-
-
-def _fake_in(val: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    rank = len(order)
-    if layout_of(order) == CHANNELS_LAST:
-        fmt = torch.channels_last if rank == 4 else torch.channels_last_3d
-    else:
-        fmt = torch.contiguous_format
-    return val.clone(memory_format=fmt)
-
-
-def _set_dim_order(spec: TensorSpec, order: tuple[int, ...]) -> None:
-    spec.dim_order = tuple(order)
-    spec.stride = tuple(stride_from_dim_order(list(spec.shape), list(order)))
 
 
 @dataclass
@@ -230,7 +182,7 @@ class LegalizeDimOrdersPass(PassBase):
         spec = output.spec
         current = tuple(int(d) for d in spec.dim_order)
         rank = len(current)
-        if not _can_be(layout, rank):
+        if not can_be(layout, rank):
             return None, _INF
         if layout_of(current) == layout:
             return "keep", 0.0
@@ -246,7 +198,7 @@ class LegalizeDimOrdersPass(PassBase):
         ):
             return "relabel", 0.0  # every reader is checked too and adapts to the new one
         if layout_of(current) is not None:
-            return "back", _numel(spec)
+            return "back", numel_hint(spec)
         return None, _INF
 
     # --- planning ----------------------------------------------------------------------
@@ -275,8 +227,8 @@ class LegalizeDimOrdersPass(PassBase):
             if current == layout:
                 continue
             target_rank = rank
-            if not _can_be(layout, rank):
-                if not (rule.broadcasting and rank < out_rank and _numel(spec) == 1):
+            if not can_be(layout, rank):
+                if not (rule.broadcasting and rank < out_rank and numel_hint(spec) == 1):
                     plan.cost = _INF
                     return plan
                 target_rank = out_rank  # a single value: leading size-1 dims, then the label
@@ -299,14 +251,14 @@ class LegalizeDimOrdersPass(PassBase):
         shape = list(outputs[0].spec.shape)
         for _, operand in operands:
             spec = operand.meta["spec"]
-            if list(spec.shape) != shape and _numel(spec) != 1:
+            if list(spec.shape) != shape and numel_hint(spec) != 1:
                 return True
         return False
 
     def _conversion_cost(self, operand: torch.fx.Node, layout: str, rank: int) -> float:
         if (operand, dim_order_of(layout, rank)) in self._converted:
             return 0.0
-        return _numel(operand.meta["spec"])
+        return numel_hint(operand.meta["spec"])
 
     def _best_plan(self, node: torch.fx.Node, rule: KernelLayoutRule) -> _Plan:
         first = self._outputs(node)[0].spec
@@ -374,7 +326,7 @@ class LegalizeDimOrdersPass(PassBase):
             if fine:
                 return
             dtype = node.kwargs.get("dtype")
-            node.target = _TO_DIM_ORDER
+            node.target = TO_DIM_ORDER
             node.args = (base,)
             node.kwargs = {"dim_order": list(order), **({"dtype": dtype} if dtype else {})}
             self.stats["rewritten_copies"] += 1
@@ -386,14 +338,14 @@ class LegalizeDimOrdersPass(PassBase):
         for output, how in plan.outputs:
             old = tuple(int(d) for d in output.spec.dim_order)
             new = dim_order_of(plan.layout, len(old))
-            _set_dim_order(output.spec, new)
+            set_dim_order(output.spec, new)
             self._set_fake(node, output, new)
             if how == "relabel":
                 self.stats["relabelled"] += 1
                 continue
             holder = output.holder
             readers = list(holder.users)
-            back = self._new_conversion(graph, holder, old, after=holder)
+            back = insert_conversion(graph, holder, old, after=holder)
             back.meta[_INSERTED] = "output"
             for reader in readers:
                 reader.replace_input_with(holder, back)
@@ -403,10 +355,10 @@ class LegalizeDimOrdersPass(PassBase):
     @staticmethod
     def _set_fake(node: torch.fx.Node, output: _Output, order: tuple[int, ...]) -> None:
         if output.index is None:
-            node.meta["val"] = _fake_in(node.meta["val"], order)
+            node.meta["val"] = fake_in(node.meta["val"], order)
             return
         values = list(node.meta["val"])
-        values[output.index] = _fake_in(values[output.index], order)
+        values[output.index] = fake_in(values[output.index], order)
         node.meta["val"] = type(node.meta["val"])(values)
         if output.holder is not node:
             output.holder.meta["val"] = values[output.index]
@@ -424,57 +376,8 @@ class LegalizeDimOrdersPass(PassBase):
             shape = list(operand.meta["spec"].shape)
             if len(shape) < len(order):  # a broadcast operand: leading size-1 dims first
                 padded = [1] * (len(order) - len(shape)) + shape
-                source = self._new_view(graph, operand, padded, before=before)
-            self._converted[key] = self._new_conversion(graph, source, order, before=before)
+                source = insert_view(graph, operand, padded, before=before)
+            self._converted[key] = insert_conversion(graph, source, order, before=before)
             self._converted[key].meta[_INSERTED] = "input"
             self.stats["converted_inputs"] += 1
         return self._converted[key]
-
-    @staticmethod
-    def _copy_meta(node: torch.fx.Node, like: torch.fx.Node) -> None:
-        node.meta.update(
-            {k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack")}
-        )
-
-    def _new_view(
-        self, graph: torch.fx.Graph, operand: torch.fx.Node, shape: list[int], before: torch.fx.Node
-    ) -> torch.fx.Node:
-        if layout_of(operand.meta["spec"].dim_order) != CONTIGUOUS:
-            rank = len(operand.meta["spec"].shape)
-            operand = self._convert(graph, operand, dim_order_of(CONTIGUOUS, rank), before)
-        with graph.inserting_before(before):
-            view = graph.call_function(_VIEW_COPY, (operand, shape))
-        self._copy_meta(view, before)
-        val = operand.meta["val"].reshape(shape).clone(memory_format=torch.contiguous_format)
-        view.meta["val"] = val
-        view.meta["tensor_meta"] = None
-        view.meta["spec"] = self._spec_like(operand.meta["spec"], val, tuple(range(len(shape))))
-        return view
-
-    def _new_conversion(
-        self,
-        graph: torch.fx.Graph,
-        source: torch.fx.Node,
-        order: tuple[int, ...],
-        *,
-        before: torch.fx.Node | None = None,
-        after: torch.fx.Node | None = None,
-    ) -> torch.fx.Node:
-        where = (
-            graph.inserting_before(before) if before is not None else graph.inserting_after(after)
-        )
-        with where:
-            node = graph.call_function(_TO_DIM_ORDER, (source,), {"dim_order": list(order)})
-        self._copy_meta(node, before if before is not None else source)
-        val = _fake_in(source.meta["val"], order)
-        node.meta["val"] = val
-        node.meta["tensor_meta"] = None  # what ExportPass records for a fake value
-        node.meta["spec"] = self._spec_like(source.meta["spec"], val, order)
-        return node
-
-    @staticmethod
-    def _spec_like(like: TensorSpec, val: torch.Tensor, order: tuple[int, ...]) -> TensorSpec:
-        spec = TensorSpec.from_tensor(val)
-        _set_dim_order(spec, order)
-        spec.device, spec.device_index = like.device, like.device_index
-        return spec
