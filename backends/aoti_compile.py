@@ -4,8 +4,9 @@ A cold AOTI compile takes tens of seconds, so every caller (preprocess, tests,
 benchmarks) goes through :func:`compile_exported_program`, which keys the result by
 everything that can change the generated code: the graph, the example input specs,
 the constant values, the target, the compile options and the torch version.
-Concurrent processes (pytest-xdist workers) compiling the same key wait on a file
-lock instead of compiling twice.
+The entries live in :mod:`etmetal.common.cache` (kind ``aoti``): concurrent processes
+(pytest-xdist workers) compiling the same key wait on its file lock instead of compiling
+twice.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
+
+from etmetal.common.cache import ContentCache
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +83,6 @@ def _progress(label: str) -> Iterator[None]:
         if bar is not None:
             bar.close()
         log.info("%s: done in %.1f s", label, time.monotonic() - start)
-
-
-def default_cache_dir() -> Path:
-    """``$ETMETAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/etmetal`` (``~/.cache/etmetal``)."""
-    env = os.environ.get("ETMETAL_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "etmetal"
 
 
 def aoti_options(*, link_libtorch: bool = False, extra: dict[str, Any] | None = None) -> dict:
@@ -191,43 +184,31 @@ def compile_exported_program(
         )
     options = aoti_options(link_libtorch=link_libtorch, extra=extra_options)
     key = cache_key(ep, target, options)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = root / "aoti" / key
-    if use_cache:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(entry) + ".lock"):
-            artifact = _load_entry(key, entry)
-            if artifact is not None:
-                log.info("AOTI cache hit %s", key[:12])
-                _STATS["cache_hits"] += 1
-                return artifact
-            return _compile_into(ep, target, options, key, entry)
-    with tempfile.TemporaryDirectory(prefix="etmetal-aoti-") as tmp:
-        built = _compile_into(ep, target, options, key, Path(tmp) / key)
-        # copy out of the temp dir so the caller owns real files
-        keep = Path(tempfile.mkdtemp(prefix="etmetal-aoti-"))
-        for p in (built.so_path, built.weights_path, built.wrapper_cpp_path):
-            if p is not None:
-                shutil.copy2(p, keep / p.name)
-        return AotiArtifact(
-            key,
-            keep / built.so_path.name,
-            keep / built.weights_path.name,
-            keep / built.wrapper_cpp_path.name if built.wrapper_cpp_path else None,
-            False,
-        )
+    if not use_cache:  # a private directory the caller owns
+        entry = Path(tempfile.mkdtemp(prefix="etmetal-aoti-"))
+        _compile_into(ep, target, options, key, entry)
+        return _artifact(key, entry, from_cache=False)
+    entry, hit = ContentCache("aoti", cache_dir).get_or_create(
+        key, lambda tmp: _compile_into(ep, target, options, key, tmp), stamp=key
+    )
+    if hit:
+        log.info("AOTI cache hit %s", key[:12])
+        _STATS["cache_hits"] += 1
+    return _artifact(key, entry, from_cache=hit)
 
 
-def _load_entry(key: str, entry: Path) -> AotiArtifact | None:
-    so, weights, cpp = entry / "model.so", entry / "weights.blob", entry / "wrapper.cpp"
-    if (entry / "complete").exists() and so.exists() and weights.exists():
-        return AotiArtifact(key, so, weights, cpp if cpp.exists() else None, True)
-    return None
+def _artifact(key: str, entry: Path, from_cache: bool) -> AotiArtifact:
+    cpp = entry / "wrapper.cpp"
+    return AotiArtifact(
+        key, entry / "model.so", entry / "weights.blob", cpp if cpp.exists() else None, from_cache
+    )
 
 
 def _compile_into(
     ep: torch.export.ExportedProgram, target: str, options: dict, key: str, entry: Path
-) -> AotiArtifact:
+) -> None:
+    """Compile ``ep`` and write ``model.so``, ``weights.blob`` (and ``wrapper.cpp``) into
+    the directory ``entry``."""
     device = "mps" if target == MPS_TARGET else "cpu"
     if device != "cpu":
         ep = torch.export.passes.move_to_device_pass(ep, device)
@@ -241,26 +222,10 @@ def _compile_into(
     cpp = next((p for p in paths if p.endswith(".wrapper.cpp")), None)
     if so is None:
         raise RuntimeError(f"AOTInductor produced no .so (got {paths})")
-    # write the entry atomically: a temp dir renamed into place, marked complete last
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=entry.parent))
-    try:
-        shutil.copy2(so, tmp / "model.so")
-        if blob is not None:
-            shutil.copy2(blob, tmp / "weights.blob")
-        else:  # a model without constants
-            (tmp / "weights.blob").write_bytes(b"")
-        if cpp is not None:
-            shutil.copy2(cpp, tmp / "wrapper.cpp")
-        (tmp / "complete").write_text(key)
-        if entry.exists():
-            shutil.rmtree(entry)
-        os.replace(tmp, entry)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    artifact = _load_entry(key, entry)
-    assert artifact is not None
-    return AotiArtifact(
-        key, artifact.so_path, artifact.weights_path, artifact.wrapper_cpp_path, False
-    )
+    shutil.copy2(so, entry / "model.so")
+    if blob is not None:
+        shutil.copy2(blob, entry / "weights.blob")
+    else:  # a model without constants
+        (entry / "weights.blob").write_bytes(b"")
+    if cpp is not None:
+        shutil.copy2(cpp, entry / "wrapper.cpp")

@@ -22,45 +22,18 @@ from typing import Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from etmetal.common.fallbacks import FALLBACKS, fallback_shims
+
 from .edge_ops import aten_overload
 from .passes.replace_view_copy_with_view import VIEW_OF_COPY
-from .targets import HOST, MPS, device_of
+from .targets import device_of
 
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
-# Fallback shims etmetal's runtime implements per target (the names the .so imports).
-# host: etmetal.shims over ATen; mps: the stock ExecuTorch Metal runtime's shims.
-SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {
-    HOST: frozenset(
-        {
-            "aoti_torch_cpu_mm_out",
-            "aoti_torch_cpu_addmm_out",
-            "aoti_torch_cpu_bmm_out",
-            "aoti_torch_cpu_convolution",
-            # Inductor routes CPU scaled-dot-product attention here (math semantics)
-            "aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu",
-            "aoti_torch_cpu_topk",
-            "aoti_torch_cpu_avg_pool2d",
-            "aoti_torch_cpu_avg_pool3d",
-            "aoti_torch_cpu__adaptive_avg_pool3d",
-            # Inductor's CPU decomposition of aten.lstm runs each layer in oneDNN
-            "aoti_torch_cpu_mkldnn_rnn_layer",
-        }
-    ),
-    MPS: frozenset(
-        {
-            "aoti_torch_mps_mm_out",
-            "aoti_torch_mps_addmm_out",
-            "aoti_torch_mps_bmm_out",
-            "aoti_torch_mps_convolution",
-            "aoti_torch_mps__scaled_dot_product_attention_math_for_mps",
-            "aoti_torch_mps__scaled_dot_product_attention_math_for_mps_v2",
-            "aoti_torch_mps_topk",
-        }
-    ),
-}
+# Fallback shims each target's runtime implements (the names the .so imports)
+SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {t: fallback_shims(t) for t in FALLBACKS}
 
 # Inductor lowerings that always emit an extern call (no generated kernel) unless
 # autotuning picks a template; the suffix of the shim each one calls.

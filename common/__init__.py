@@ -1,3 +1,6 @@
-"""Leaf modules every other part may import (they import nothing of the project): facts
-shared by the ahead-of-time side and the runtime side, such as the delegate blob wire
-format, the c10 dtype table and the content-addressed artifact cache."""
+"""Leaf modules that every other part may import; they import nothing of the project
+(``shims/`` may import only this). Facts shared by the ahead-of-time side and the runtime
+side live here once: the delegate blob wire format (``delegate_blobs``), the c10 scalar
+type table (``dtypes``), the fallback-shim table the partitioner and the shim registry
+derive from (``fallbacks``), and the content-addressed cache of build products
+(``cache``)."""

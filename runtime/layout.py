@@ -6,34 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
+from etmetal.common.dtypes import SCALAR_TYPE_CODES
+
 # ExecuTorch ScalarType code (same numbering as c10) -> torch dtype
 SCALAR_TYPES: dict[int, torch.dtype] = {
-    0: torch.uint8,
-    1: torch.int8,
-    2: torch.int16,
-    3: torch.int32,
-    4: torch.int64,
-    5: torch.float16,
-    6: torch.float32,
-    7: torch.float64,
-    8: torch.complex32,
-    9: torch.complex64,
-    10: torch.complex128,
-    11: torch.bool,
-    12: torch.qint8,
-    13: torch.quint8,
-    14: torch.qint32,
-    15: torch.bfloat16,
-    16: torch.quint4x2,
-    17: torch.quint2x4,
-    22: torch.bits16,
-    23: torch.float8_e5m2,
-    24: torch.float8_e4m3fn,
-    25: torch.float8_e5m2fnuz,
-    26: torch.float8_e4m3fnuz,
-    27: torch.uint16,
-    28: torch.uint32,
-    29: torch.uint64,
+    code: getattr(torch, name)
+    for name, code in SCALAR_TYPE_CODES.items()
+    if isinstance(getattr(torch, name, None), torch.dtype)
 }
 DTYPE_CODES: dict[torch.dtype, int] = {v: k for k, v in SCALAR_TYPES.items()}
 

@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+from etmetal.common import delegate_blobs as blob_format
+from etmetal.common.delegate_blobs import key_digest
+
 from .backend_interface import BackendExecutor, BackendInitContext
 from .delegates import register_delegate
 from .errors import DelegateError, IntegrityError, InvalidProgramError, UntrustedNativeCodeError
@@ -36,8 +39,6 @@ from .tempfiles import private_dir, track, write_private_file
 from .tempfiles import remove as remove_private_dir
 
 BACKEND_ID = "MetalBackend"
-SO_SUFFIX = "_so_blob"
-WEIGHTS_SUFFIX = "_weights_blob"
 TRUST_ENV = "ETMETAL_TRUST_NATIVE_CODE"
 TRUSTED_BLOBS_ENV = "ETMETAL_TRUSTED_BLOBS"
 # compile-spec target values this runtime can execute (an mps .so needs Metal)
@@ -48,27 +49,9 @@ _TMP_PREFIX = "etmetal-delegate-"  # tempfiles.private_dir("delegate") names: pr
 def parse_processed(processed: bytes, where: str) -> tuple[str, str]:
     """(so key, weights key) named by a Metal delegate's processed bytes."""
     try:
-        lines = bytes(processed).decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        lines = []
-    if (
-        len(lines) != 2
-        or not lines[0].endswith(SO_SUFFIX)
-        or not lines[1].endswith(WEIGHTS_SUFFIX)
-        or not all(_digest(k) for k in lines)
-    ):
-        raise InvalidProgramError(
-            f"{where}: processed bytes are not a Metal AOTI blob reference "
-            f"('<sha256>{SO_SUFFIX}\\n<sha256>{WEIGHTS_SUFFIX}'): {bytes(processed[:120])!r}"
-        )
-    return lines[0], lines[1]
-
-
-def _digest(key: str) -> str:
-    """The hex sha256 a blob key starts with ("" if the key has none)."""
-    head = key.rsplit("_", 2)[0]
-    ok = len(head) == 64 and all(c in "0123456789abcdef" for c in head)
-    return head if ok else ""
+        return blob_format.parse_processed(processed)
+    except ValueError as exc:
+        raise InvalidProgramError(f"{where}: {exc}") from None
 
 
 def _target(compile_specs: Sequence[tuple[str, bytes]]) -> str | None:
@@ -80,13 +63,15 @@ def _target(compile_specs: Sequence[tuple[str, bytes]]) -> str | None:
 
 def trusted_hashes_from_env() -> frozenset[str]:
     raw = os.environ.get(TRUSTED_BLOBS_ENV, "")
-    return frozenset(_digest(h.strip().lower()) or h.strip().lower() for h in raw.split(",") if h)
+    return frozenset(
+        key_digest(h.strip().lower()) or h.strip().lower() for h in raw.split(",") if h
+    )
 
 
 def is_trusted(context: BackendInitContext, so_digest: str) -> bool:
     if context.trust_native_code:
         return True
-    allowed = {_digest(h.lower()) or h.lower() for h in context.trusted_blob_hashes}
+    allowed = {key_digest(h.lower()) or h.lower() for h in context.trusted_blob_hashes}
     if so_digest in allowed or so_digest in trusted_hashes_from_env():
         return True
     return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
@@ -107,7 +92,7 @@ def _named_blob(context: BackendInitContext, key: str, where: str) -> memoryview
 
 def _check_integrity(blob: memoryview, key: str, what: str, where: str) -> None:
     actual = hashlib.sha256(blob).hexdigest()
-    if actual != _digest(key):
+    if actual != key_digest(key):
         raise IntegrityError(
             f"{where}: the {what} blob does not match its key: sha256 {actual}, key {key!r} "
             f"({len(blob)} bytes); the program was altered or corrupted after export"
@@ -162,7 +147,7 @@ class MetalDelegate(BackendExecutor):
         weights = _named_blob(context, weights_key, where)
         _check_integrity(so, so_key, ".so", where)
         _check_integrity(weights, weights_key, "weights", where)
-        digest = _digest(so_key)
+        digest = key_digest(so_key)
         if not is_trusted(context, digest):
             raise UntrustedNativeCodeError(
                 f"{where}: the program contains native code (an AOTI .so, sha256 {digest}) and "

@@ -22,19 +22,15 @@ from typing import Any
 
 import torch
 
+from etmetal.examples.bench import models
 from etmetal.scripts import benchmarking as bm
-from etmetal.scripts.models.bench import models
 
 MODELS = ("tiny", "transformer")
 TARGETS = {"tiny": 3.0, "transformer": 1.10}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    bm.add_common_arguments(parser, repeat=30)
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
-    parser.add_argument(
-        "--budget", type=float, default=20.0, help="seconds per model before stopping early"
-    )
+    bm.add_common_arguments(parser, repeat=30, models=MODELS)
     parser.add_argument(
         "--no-pte", action="store_true", help="skip the full .pte delegate path (shims only)"
     )

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from etmetal.examples.bench import models
 from etmetal.runtime.errors import EtmetalRuntimeError
 from etmetal.scripts import benchmarking as bm
-from etmetal.scripts.models.bench import models
 
 MODELS = ("mlp", "cnn", "transformer")
 TARGET_VS_STOCK = 0.1
@@ -30,11 +30,7 @@ TARGET_US_PER_INSTRUCTION = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    bm.add_common_arguments(parser, repeat=15)
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
-    parser.add_argument(
-        "--budget", type=float, default=20.0, help="seconds per model before stopping early"
-    )
+    bm.add_common_arguments(parser, repeat=15, models=MODELS)
     parser.add_argument(
         "--instructions", type=int, default=200, help="kernel calls in the loop-overhead program"
     )

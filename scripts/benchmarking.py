@@ -172,7 +172,10 @@ def machine() -> dict[str, Any]:
     }
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20) -> None:
+def add_common_arguments(
+    parser: argparse.ArgumentParser, *, repeat: int = 20, models: Sequence[str] = ()
+) -> None:
+    """The options every suite takes; with ``models``, also ``--models`` and ``--budget``."""
     parser.add_argument(
         "--json", metavar="PATH", help="also write the results as JSON ('-' = stdout)"
     )
@@ -188,6 +191,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20) -
         default=1,
         help="divide model sizes by this (1 = the issue's sizes; larger for quick checks)",
     )
+    if models:
+        parser.add_argument("--models", default=",".join(models), help="comma-separated models")
+        parser.add_argument(
+            "--budget", type=float, default=20.0, help="seconds per model before stopping early"
+        )
 
 
 def emit(args: argparse.Namespace, suite: str, rows: Sequence[Comparison], **extra: Any) -> dict:

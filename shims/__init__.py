@@ -1,6 +1,6 @@
 """The AOTI C-shim ABI (``aoti_torch_*``) in Python, and the bridge a compiled ``.so`` calls.
 
-Object model (see ``storage``/``state``): a ``Storage`` is one allocation through an
+Object model (see ``storage``/``context``): a ``Storage`` is one allocation through an
 ``Allocator`` (``host``: aligned host memory) or a borrowed blob (never freed), with
 a count of the tensors on it; a ``Tensor`` is storage + dtype + sizes + any strides
 + storage offset; an ``AtenTensorHandle`` is an opaque integer keying the handle
@@ -31,8 +31,13 @@ raises ``BridgeError`` if a run's shim calls did not reach etmetal. With
 ``check_inputs=True`` (default) the ``.so`` validates each input's dtype, sizes,
 strides and device itself. Failures (a shim error, a kernel's bounds check) surface
 as ``AotiModelError`` with the model's message and ``last_error()``; a failed run
-leaks no handles and the model stays usable. Runs are serialized by a process-wide
-lock; the ``.so``'s OpenMP kernels use torch's intra-op thread count.
+leaks no handles and the model stays usable. Runs are serialized by their context's
+run lock; the ``.so``'s OpenMP kernels use torch's intra-op thread count.
+
+All shim state (handles, storages, allocators per device, the bridge, the last error,
+the policy) lives in a ``ShimContext`` (``context``); ``default_context()`` serves the
+helpers below and every ``AotiModel`` not given ``context=``. Devices plug in through
+``ctx.register_device(Device(...))`` (see ``context``).
 
 Calling a shim exactly as a ``.so`` does (C calling convention, ctypes out-pointers)::
 
@@ -44,17 +49,25 @@ Calling a shim exactly as a ``.so`` does (C calling convention, ctypes out-point
 
 from __future__ import annotations
 
-from .bridge import Bridge, BridgeError, c_api, load_bridge
-from .core import register_allocator
-from .model import AotiModel, AotiModelError
-from .state import (
-    MemoryStats,
+from .bridge import Bridge, BridgeError
+from .context import (
+    Device,
+    ShimContext,
+    c_api,
     clear_last_error,
+    default_context,
     last_error,
+    load_bridge,
     memory_stats,
+    register_allocator,
     set_materialize,
 )
-from .storage import HOST_ALLOCATOR, Allocator, HostAllocator, ShimError, Storage, Tensor
+from .model import AotiModel, AotiModelError
+from .records import MemoryStats
+from .storage import Allocator, HostAllocator, ShimError, Storage, Tensor
+
+# the default context's host allocator (fill_byte, empty_cache(), cached_bytes)
+HOST_ALLOCATOR = default_context().host
 
 AOTI_TORCH_SUCCESS = 0
 AOTI_TORCH_FAILURE = 1
@@ -67,14 +80,17 @@ __all__ = [
     "AotiModelError",
     "Bridge",
     "BridgeError",
+    "Device",
     "HOST_ALLOCATOR",
     "HostAllocator",
     "MemoryStats",
+    "ShimContext",
     "ShimError",
     "Storage",
     "Tensor",
     "c_api",
     "clear_last_error",
+    "default_context",
     "last_error",
     "load_bridge",
     "memory_stats",

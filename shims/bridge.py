@@ -15,20 +15,26 @@ never enter the process-wide scope, so a ``link_libtorch=True`` ``.so`` loaded l
 per-model wrapper (``native.link_wrapper``) that needs the bridge and the model, and
 is itself loaded RTLD_LOCAL. ``Bridge.calls`` counts calls that reached etmetal;
 ``AotiModel`` uses it to prove the binding.
+
+A bridge serves one ``ShimContext``: each callback calls ``impl(ctx, *c_args)`` with
+that context, and the context owns the bridge's record table and native tensors.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import abi, core, fallbacks, getters, native_tensors, state  # noqa: F401 - registers shims
+from . import abi, native_tensors
 from .dtypes import constant_shims
 from .native import NativeBuildError, build_shared, cache_root
-from .registry import SHIMS
-from .state import record_error
+from .records import Records
+
+if TYPE_CHECKING:
+    from .context import ShimContext
 
 CHECK_SHIM = "aoti_torch_check"
 
@@ -147,29 +153,28 @@ _CHECK = """ETM_EXPORT void aoti_torch_check(bool cond, const char* func, const 
 _PRELUDE = _HEADER + _GLOBALS + native_tensors.c_source() + _CHECK
 
 
-def forwarded_decls() -> list[abi.Decl]:
+def forwarded_decls(shims: Mapping[str, Callable]) -> list[abi.Decl]:
     decls = abi.declarations()
-    missing = sorted(n for n in SHIMS if n not in decls)
+    missing = sorted(n for n in shims if n not in decls)
     if missing:
         raise BridgeError(f"shims without a C declaration in torch's headers: {missing}")
-    return [decls[n] for n in sorted(SHIMS)]
+    return [decls[n] for n in sorted(shims)]
 
 
-def generate_source() -> str:
-    """The trampoline's C++ source for every constant and registered shim."""
+def generate_source(shims: Mapping[str, Callable]) -> str:
+    """The trampoline's C++ source for every constant shim and every shim in ``shims``."""
     decls = abi.declarations()
     parts = [_PRELUDE]
     for name, value in sorted(constant_shims().items()):
-        if name in decls and name not in SHIMS:
+        if name in decls and name not in shims:
             parts.append(_constant(decls[name], value))
-    parts.extend(_forwarder(d) for d in forwarded_decls())
+    parts.extend(_forwarder(d) for d in forwarded_decls(shims))
     parts.append('}  // extern "C"\n')
     return "".join(parts)
 
 
-def build(source: str | None = None) -> Path:
+def build(source: str) -> Path:
     """Compile the trampoline if the cache has no build of this exact source; return its path."""
-    source = generate_source() if source is None else source
     try:
         return build_shared(
             "bridge", "libetmetal_bridge.so", source, lang="c++", flags=("-O2", "-std=c++17")
@@ -178,38 +183,36 @@ def build(source: str | None = None) -> Path:
         raise BridgeError(f"the shim trampoline: {exc}") from exc
 
 
-def _fail(name: str, exc: BaseException) -> None:
-    record_error(name, str(exc) if exc.args else type(exc).__name__)
-
-
-def _guard(name: str, fn, decl: abi.Decl):
-    """Wrap ``fn`` so no exception ever crosses into C: failures become return codes.
-
-    Generated with the exact arity (no ``*args`` packing): this frame runs on every call.
+def _guard(name: str, fn, decl: abi.Decl, ctx: ShimContext):
+    """Wrap ``fn`` so no exception ever crosses into C: failures become return codes, the
+    message goes to ``ctx``. Generated with the exact arity (no ``*args`` packing) and
+    ``ctx`` bound in its scope: this frame runs on every call.
     """
     params = ", ".join(f"a{i}" for i in range(len(decl.argtypes)))
+    args = ", ".join(["ctx", *(f"a{i}" for i in range(len(decl.argtypes)))])
     if decl.returns_error:
-        ok, fail = f"impl({params})\n        return 0", "return 1"
+        ok, fail = f"impl({args})\n        return 0", "return 1"
     elif decl.restype == "void":
-        ok, fail = f"impl({params})", "return None"
+        ok, fail = f"impl({args})", "return None"
     else:
-        ok, fail = f"return impl({params})", "return 0"
+        ok, fail = f"return impl({args})", "return 0"
     src = (
         f"def {name}({params}):\n"
         f"    try:\n        {ok}\n"
         f"    except BaseException as exc:  # C callers cannot take exceptions\n"
-        f"        fail(name, exc)\n        {fail}\n"
+        f"        fail(name, str(exc) if exc.args else type(exc).__name__)\n        {fail}\n"
     )
-    scope = {"impl": fn, "fail": _fail, "name": name}
+    scope = {"impl": fn, "ctx": ctx, "fail": ctx.record_error, "name": name}
     exec(compile(src, f"<etmetal shim {name}>", "exec"), scope)
     return scope[name]
 
 
 class Bridge:
-    """The loaded trampoline with its Python callbacks bound."""
+    """The loaded trampoline with the Python callbacks of one context bound."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, ctx: ShimContext) -> None:
         self.path = path
+        self.context = ctx
         try:
             # PyDLL: calls from Python keep the GIL, so the native shims' allocator and slot
             # ring are never entered by two threads at once, and etm_run's callbacks need
@@ -219,15 +222,12 @@ class Bridge:
             raise BridgeError(f"loading the shim trampoline {path} failed: {exc}") from exc
         self._calls = ctypes.c_uint64.in_dll(self.lib, "etm_calls")
         self.counter = self._calls  # ``counter.value``: ``calls`` without the property call
-        self._callbacks = []  # strong references: C holds raw pointers to these
+        # strong references: C holds raw pointers to these
+        self._callbacks: dict[str, ctypes._CFuncPtr] = {}
         self.forwarded: dict[str, abi.Decl] = {}
-        for decl in forwarded_decls():
-            proto = ctypes.CFUNCTYPE(decl.ctypes_restype(), *decl.ctypes_argtypes())
-            cb = proto(_guard(decl.name, SHIMS[decl.name], decl))
-            self._callbacks.append(cb)
-            slot = ctypes.c_void_p.in_dll(self.lib, f"etm_fp_{decl.name}")
-            slot.value = ctypes.cast(cb, ctypes.c_void_p).value
+        for decl in forwarded_decls(ctx.shims):
             self.forwarded[decl.name] = decl
+            self.bind(decl.name, ctx.shims[decl.name])
         self.constants = {n: v for n, v in constant_shims().items() if hasattr(self.lib, n)}
         self.exported = frozenset(self.forwarded) | frozenset(self.constants) | {CHECK_SHIM}
         self._functions: dict[str, ctypes._CFuncPtr] = {}
@@ -240,9 +240,19 @@ class Bridge:
         # and resident memory should not creep up over the first thousands of runs
         ctypes.memset(ctypes.addressof(recs), 0, ctypes.sizeof(recs))
         base = ctypes.addressof(recs)
-        state.RECORDS = state.Records(base, memoryview(recs).cast("B"), python_half, count)
-        state.NATIVE = native_tensors.NativeTensors(self.lib, base)
-        state.sync_native_policy()
+        native = native_tensors.NativeTensors(self.lib, base)
+        ctx.attach_native(
+            Records(base, memoryview(recs).cast("B"), python_half, count, native), native
+        )
+
+    def bind(self, name: str, fn: Callable) -> None:
+        """Make the forwarded shim ``name`` call ``fn(ctx, *c_args)``."""
+        decl = self.forwarded[name]
+        proto = ctypes.CFUNCTYPE(decl.ctypes_restype(), *decl.ctypes_argtypes())
+        cb = proto(_guard(name, fn, decl, self.context))
+        slot = ctypes.c_void_p.in_dll(self.lib, f"etm_fp_{name}")
+        slot.value = ctypes.cast(cb, ctypes.c_void_p).value
+        self._callbacks[name] = cb  # after the slot points to it: the old one may go now
 
     @property
     def calls(self) -> int:
@@ -295,25 +305,11 @@ def _python_safe_check(fn):
     return check
 
 
-_BRIDGE: Bridge | None = None
-_LOCK = threading.Lock()
-
-
-def load_bridge() -> Bridge:
-    """Build (once per content) and load (once per process) the trampoline."""
-    global _BRIDGE
-    with _LOCK:
-        if _BRIDGE is None:
-            _BRIDGE = Bridge(build())
-        return _BRIDGE
-
-
 class CApi:
-    """``c_api().aoti_torch_empty_strided(...)``: the shims under their C names."""
+    """``c_api().aoti_torch_empty_strided(...)``: a context's shims under their C names."""
+
+    def __init__(self, ctx: ShimContext) -> None:
+        self._ctx = ctx
 
     def __getattr__(self, name: str):
-        return load_bridge().c_function(name)
-
-
-def c_api() -> CApi:
-    return CApi()
+        return self._ctx.load_bridge().c_function(name)

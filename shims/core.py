@@ -1,45 +1,28 @@
-"""Tensor lifetime, views, copies and getters: the ``aoti_torch_*`` shims every wrapper calls."""
+"""Tensor lifetime, views, copies and getters: the ``aoti_torch_*`` shims every wrapper calls.
+
+Every shim takes its ``ShimContext`` first (``registry``): handles, allocators and the
+materialize policy are the context's.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from .dtypes import DEVICE_CPU, DTYPE_TO_TORCH, ITEMSIZE, LAYOUT_STRIDED
-from .registry import (
-    check_ndim,
-    emit,
-    read_i64s,
-    shim,
-)
-from .state import FLAGS, lookup, unregister
+from .registry import check_ndim, read_i64s, shim
 from .storage import (
-    HOST_ALLOCATOR,
-    Allocator,
     ShimError,
     Storage,
     Tensor,
     contiguous_strides,
     is_packed,
     packed_extent,
-    policy_changed,
 )
 
-ALLOCATORS: dict[int, Allocator] = {DEVICE_CPU: HOST_ALLOCATOR}
-
-
-def register_allocator(allocator: Allocator) -> None:
-    """Make ``empty_strided`` on ``allocator.device_type`` allocate through it."""
-    ALLOCATORS[allocator.device_type] = allocator
-    policy_changed()
-
-
-def _allocator(device_type: int, device_index: int) -> Allocator:
-    alloc = ALLOCATORS.get(device_type)
-    if alloc is None:
-        raise ShimError(f"device type {device_type} has no allocator on this host")
-    if device_index not in (0, -1):
-        raise ShimError(f"device index {device_index} does not exist (only 0)")
-    return alloc
+if TYPE_CHECKING:
+    from .context import ShimContext
 
 
 def check_dtype(dtype: int) -> int:
@@ -71,11 +54,15 @@ def _check_fits(storage: Storage, dtype: int, sizes, strides, offset: int) -> No
 
 
 def new_owned(
-    sizes: tuple[int, ...], strides: tuple[int, ...], dtype: int, device_type: int = DEVICE_CPU
+    ctx: ShimContext,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: int,
+    device_type: int = DEVICE_CPU,
 ) -> Tensor:
-    """A tensor over a fresh owned storage just large enough for ``strides``."""
+    """A tensor over a fresh owned storage (``ctx``'s allocator) large enough for ``strides``."""
     nbytes = packed_extent(sizes, strides) * ITEMSIZE[dtype]
-    storage = Storage.allocate(nbytes, _allocator(device_type, 0))
+    storage = Storage.allocate(nbytes, ctx.allocator(device_type))
     return Tensor(storage, dtype, sizes, strides, 0)
 
 
@@ -92,26 +79,32 @@ def adopt_result(t: torch.Tensor) -> Tensor:
 
 
 @shim
-def aoti_torch_empty_strided(ndim, sizes_ptr, strides_ptr, dtype, device_type, device_index, ret):
+def aoti_torch_empty_strided(
+    ctx, ndim, sizes_ptr, strides_ptr, dtype, device_type, device_index, ret
+):
     check_ndim(ndim)
     sizes = read_i64s(sizes_ptr, ndim, "sizes_ptr")
     strides = (
         read_i64s(strides_ptr, ndim, "strides_ptr") if strides_ptr else contiguous_strides(sizes)
     )
     _check_geometry(sizes, strides)
-    alloc = _allocator(device_type, device_index)
+    alloc = ctx.allocator(device_type, device_index)
     nbytes = packed_extent(sizes, strides) * ITEMSIZE[check_dtype(dtype)]
-    emit(ret, Tensor(Storage.allocate(nbytes, alloc), dtype, sizes, strides, 0), "ret_new_tensor")
+    ctx.emit(
+        ret, Tensor(Storage.allocate(nbytes, alloc), dtype, sizes, strides, 0), "ret_new_tensor"
+    )
 
 
-def _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret):
+def _from_blob(
+    ctx, data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret
+):
     check_ndim(ndim)
     sizes = read_i64s(sizes_ptr, ndim, "sizes_ptr")
     strides = read_i64s(strides_ptr, ndim, "strides_ptr") if strides_ptr else None
     strides = contiguous_strides(sizes) if strides is None else strides
     _check_geometry(sizes, strides)
     check_dtype(dtype)
-    _allocator(device_type, device_index)
+    ctx.allocator(device_type, device_index)
     if offset < 0:
         raise ShimError(f"storage offset {offset} is negative")
     extent = packed_extent(sizes, strides)
@@ -119,18 +112,21 @@ def _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, d
         raise ShimError("data is NULL for a tensor with elements")
     nbytes = (offset + extent) * ITEMSIZE[dtype] if extent else 0
     storage = Storage(data or 0, nbytes, owned=False, device_type=device_type)
-    emit(ret, Tensor(storage, dtype, sizes, strides, offset), "ret")
+    ctx.emit(ret, Tensor(storage, dtype, sizes, strides, offset), "ret")
 
 
 @shim
 def aoti_torch_create_tensor_from_blob(
-    data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret
+    ctx, data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret
 ):
-    _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret)
+    _from_blob(
+        ctx, data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret
+    )
 
 
 @shim
 def aoti_torch_create_tensor_from_blob_v2(
+    ctx,
     data,
     ndim,
     sizes_ptr,
@@ -148,21 +144,23 @@ def aoti_torch_create_tensor_from_blob_v2(
         raise ShimError(f"layout {layout} is not supported (only strided)")
     if opaque_metadata_size:
         raise ShimError("opaque metadata (mkldnn tensors) is not supported")
-    _from_blob(data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret)
+    _from_blob(
+        ctx, data, ndim, sizes_ptr, strides_ptr, offset, dtype, device_type, device_index, ret
+    )
 
 
 @shim
-def aoti_torch_delete_tensor_object(tensor):
-    unregister(tensor)
+def aoti_torch_delete_tensor_object(ctx, tensor):
+    ctx.unregister(tensor)
 
 
 @shim
-def aoti_torch_new_tensor_handle(orig_handle, new_handle):
-    t = lookup(orig_handle, "orig_handle")
-    emit(new_handle, Tensor(t.storage, t.dtype, t.sizes, t.strides, t.offset))
+def aoti_torch_new_tensor_handle(ctx, orig_handle, new_handle):
+    t = ctx.lookup(orig_handle, "orig_handle")
+    ctx.emit(new_handle, Tensor(t.storage, t.dtype, t.sizes, t.strides, t.offset))
 
 
-def _seed_materialize(base: Tensor, sizes, strides, offset) -> Tensor:
+def _seed_materialize(ctx, base: Tensor, sizes, strides, offset) -> Tensor:
     """Upstream Metal's behaviour for a view with holes: gather it into a new packed buffer.
 
     The kernel still indexes with the compiled strides, so upstream reads and writes
@@ -171,11 +169,11 @@ def _seed_materialize(base: Tensor, sizes, strides, offset) -> Tensor:
     """
     view = Tensor(base.storage, base.dtype, sizes, strides, offset).torch()
     packed = contiguous_strides(sizes)
-    out = new_owned(sizes, packed, base.dtype, base.storage.device_type)
+    out = new_owned(ctx, sizes, packed, base.dtype, base.storage.device_type)
     pad = max(packed_extent(sizes, strides), packed_extent(sizes, packed)) * base.itemsize
     if pad > out.storage.nbytes:
         out = Tensor(
-            Storage.allocate(pad, _allocator(base.storage.device_type, 0)),
+            Storage.allocate(pad, ctx.allocator(base.storage.device_type)),
             base.dtype,
             sizes,
             packed,
@@ -186,23 +184,23 @@ def _seed_materialize(base: Tensor, sizes, strides, offset) -> Tensor:
 
 
 @shim
-def aoti_torch__reinterpret_tensor(self, ndim, sizes_ptr, strides_ptr, offset_increment, ret):
-    base = lookup(self, "self")
+def aoti_torch__reinterpret_tensor(ctx, self, ndim, sizes_ptr, strides_ptr, offset_increment, ret):
+    base = ctx.lookup(self, "self")
     check_ndim(ndim)
     sizes = read_i64s(sizes_ptr, ndim, "sizes_ptr")
     strides = read_i64s(strides_ptr, ndim, "strides_ptr")
     _check_geometry(sizes, strides)
     offset = base.offset + offset_increment
     _check_fits(base.storage, base.dtype, sizes, strides, offset)
-    if FLAGS.materialize == "seed" and not is_packed(sizes, strides):
-        emit(ret, _seed_materialize(base, sizes, strides, offset), "ret_new_tensor")
+    if ctx.materialize == "seed" and not is_packed(sizes, strides):
+        ctx.emit(ret, _seed_materialize(ctx, base, sizes, strides, offset), "ret_new_tensor")
         return
-    emit(ret, Tensor(base.storage, base.dtype, sizes, strides, offset), "ret_new_tensor")
+    ctx.emit(ret, Tensor(base.storage, base.dtype, sizes, strides, offset), "ret_new_tensor")
 
 
 @shim
-def aoti_torch__alloc_from_pool(self, offset_bytes, dtype, ndim, sizes_ptr, strides_ptr, ret):
-    pool = lookup(self, "self")
+def aoti_torch__alloc_from_pool(ctx, self, offset_bytes, dtype, ndim, sizes_ptr, strides_ptr, ret):
+    pool = ctx.lookup(self, "self")
     check_ndim(ndim)
     check_dtype(dtype)
     sizes = read_i64s(sizes_ptr, ndim, "sizes_ptr")
@@ -213,18 +211,18 @@ def aoti_torch__alloc_from_pool(self, offset_bytes, dtype, ndim, sizes_ptr, stri
         raise ShimError(f"offset_bytes {offset_bytes} is negative or not aligned to the dtype")
     offset = start // ITEMSIZE[dtype]
     _check_fits(pool.storage, dtype, sizes, strides, offset)
-    emit(ret, Tensor(pool.storage, dtype, sizes, strides, offset), "ret_new_tensor")
+    ctx.emit(ret, Tensor(pool.storage, dtype, sizes, strides, offset), "ret_new_tensor")
 
 
 @shim
-def aoti_torch_as_strided(self, sizes_ptr, strides_ptr, ret):
-    base = lookup(self, "self")
+def aoti_torch_as_strided(ctx, self, sizes_ptr, strides_ptr, ret):
+    base = ctx.lookup(self, "self")
     ndim = len(base.sizes)
     sizes = read_i64s(sizes_ptr, ndim, "sizes_ptr")
     strides = read_i64s(strides_ptr, ndim, "strides_ptr")
     _check_geometry(sizes, strides)
     _check_fits(base.storage, base.dtype, sizes, strides, base.offset)
-    emit(ret, Tensor(base.storage, base.dtype, sizes, strides, base.offset))
+    ctx.emit(ret, Tensor(base.storage, base.dtype, sizes, strides, base.offset))
 
 
 # --- copies -------------------------------------------------------------------------------
@@ -243,40 +241,42 @@ def _copy(dst: Tensor, src: Tensor) -> None:
 
 
 @shim
-def aoti_torch_copy_(self, src, non_blocking):
-    _copy(lookup(self, "self"), lookup(src, "src"))
+def aoti_torch_copy_(ctx, self, src, non_blocking):
+    _copy(ctx.lookup(self, "self"), ctx.lookup(src, "src"))
 
 
 @shim
-def aoti_torch_tensor_copy_(src, dst):
-    _copy(lookup(dst, "dst"), lookup(src, "src"))
+def aoti_torch_tensor_copy_(ctx, src, dst):
+    _copy(ctx.lookup(dst, "dst"), ctx.lookup(src, "src"))
 
 
 @shim
-def aoti_torch_assign_tensors(src, dst):
-    _copy(lookup(dst, "dst"), lookup(src, "src"))
+def aoti_torch_assign_tensors(ctx, src, dst):
+    _copy(ctx.lookup(dst, "dst"), ctx.lookup(src, "src"))
 
 
 @shim
-def aoti_torch_clone(self, ret):
-    src = lookup(self, "self")
-    out = new_owned(src.sizes, contiguous_strides(src.sizes), src.dtype, src.storage.device_type)
+def aoti_torch_clone(ctx, self, ret):
+    src = ctx.lookup(self, "self")
+    out = new_owned(
+        ctx, src.sizes, contiguous_strides(src.sizes), src.dtype, src.storage.device_type
+    )
     out.torch().copy_(src.torch())
-    emit(ret, out)
+    ctx.emit(ret, out)
 
 
 @shim
-def aoti_torch_clone_preserve_strides(self, ret):
-    src = lookup(self, "self")
-    out = new_owned(src.sizes, src.strides, src.dtype, src.storage.device_type)
+def aoti_torch_clone_preserve_strides(ctx, self, ret):
+    src = ctx.lookup(self, "self")
+    out = new_owned(ctx, src.sizes, src.strides, src.dtype, src.storage.device_type)
     extent = packed_extent(src.sizes, src.strides)
     # copy the whole strided span so elements between the view's ones keep their values too
     flat = src.torch().as_strided((extent,), (1,), src.offset) if extent else None
     if flat is not None:
         out.torch().as_strided((extent,), (1,), 0).copy_(flat)
-    emit(ret, out)
+    ctx.emit(ret, out)
 
 
 @shim
-def aoti_torch_zero_(self):
-    lookup(self, "self").torch().zero_()
+def aoti_torch_zero_(ctx, self):
+    ctx.lookup(self, "self").torch().zero_()

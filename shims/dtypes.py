@@ -9,30 +9,11 @@ from __future__ import annotations
 
 import torch
 
-# c10::ScalarType
+from etmetal.common.dtypes import QUANTIZED_OR_BITS, SCALAR_TYPE_CODES
+
+# c10::ScalarType codes the AOTI ABI exposes (one ``aoti_torch_dtype_<name>`` each)
 DTYPE_CODES: dict[str, int] = {
-    "uint8": 0,
-    "int8": 1,
-    "int16": 2,
-    "int32": 3,
-    "int64": 4,
-    "float16": 5,
-    "float32": 6,
-    "float64": 7,
-    "complex32": 8,
-    "complex64": 9,
-    "complex128": 10,
-    "bool": 11,
-    "bfloat16": 15,
-    "float8_e5m2": 23,
-    "float8_e4m3fn": 24,
-    "float8_e5m2fnuz": 25,
-    "float8_e4m3fnuz": 26,
-    "uint16": 27,
-    "uint32": 28,
-    "uint64": 29,
-    "float8_e8m0fnu": 44,
-    "float4_e2m1fn_x2": 45,
+    n: code for n, code in SCALAR_TYPE_CODES.items() if n not in QUANTIZED_OR_BITS
 }
 
 # dtypes a shim tensor may have (complex32 / float4 have no usable ATen kernels on CPU)

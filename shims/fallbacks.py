@@ -11,26 +11,27 @@ from __future__ import annotations
 
 import torch
 
+from etmetal.common.fallbacks import all_fallback_shims
+
 from .core import adopt_result
-from .registry import emit, need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim, shim_as
-from .state import lookup
+from .registry import need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim_as
 from .storage import ShimError, is_packed
 
 aten = torch.ops.aten
 
 
-def _in(handle, what: str) -> torch.Tensor:
-    return lookup(handle, what).torch()
+def _in(ctx, handle, what: str) -> torch.Tensor:
+    return ctx.lookup(handle, what).torch()
 
 
-def _opt_in(handle_ptr, what: str) -> torch.Tensor | None:
+def _opt_in(ctx, handle_ptr, what: str) -> torch.Tensor | None:
     handle = read_ptr(handle_ptr, what)
-    return None if handle is None else lookup(handle, what).torch()
+    return None if handle is None else ctx.lookup(handle, what).torch()
 
 
-def _write_out(out_handle, expected: tuple[int, ...], dtype: torch.dtype, compute) -> None:
+def _write_out(ctx, out_handle, expected: tuple[int, ...], dtype: torch.dtype, compute) -> None:
     """Run ``compute(out=...)`` into the shim tensor ``out_handle``, never resizing it."""
-    out = lookup(out_handle, "out")
+    out = ctx.lookup(out_handle, "out")
     o = out.torch()
     if tuple(o.shape) != tuple(expected):
         raise ShimError(f"out has shape {list(o.shape)}, the op produces {list(expected)}")
@@ -42,8 +43,8 @@ def _write_out(out_handle, expected: tuple[int, ...], dtype: torch.dtype, comput
         o.copy_(compute(None))
 
 
-def _ret(addr, t: torch.Tensor, what: str) -> None:
-    emit(addr, adopt_result(t), what)
+def _ret(ctx, addr, t: torch.Tensor, what: str) -> None:
+    ctx.emit(addr, adopt_result(t), what)
 
 
 def _mm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int]:
@@ -58,50 +59,51 @@ def _bmm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int, int
     return (a.shape[0], a.shape[1], b.shape[2])
 
 
-def mm_out(out, self, mat2):
-    a, b = _in(self, "self"), _in(mat2, "mat2")
-    _write_out(out, _mm_shape(a, b, "mm"), a.dtype, lambda o: torch.mm(a, b, out=o))
+def mm_out(ctx, out, self, mat2):
+    a, b = _in(ctx, self, "self"), _in(ctx, mat2, "mat2")
+    _write_out(ctx, out, _mm_shape(a, b, "mm"), a.dtype, lambda o: torch.mm(a, b, out=o))
 
 
-def addmm_out(out, self, mat1, mat2, beta, alpha):
-    bias, a, b = _in(self, "self"), _in(mat1, "mat1"), _in(mat2, "mat2")
-    _write_out(
-        out,
-        _mm_shape(a, b, "addmm"),
-        a.dtype,
-        lambda o: torch.addmm(bias, a, b, beta=beta, alpha=alpha, out=o),
-    )
+def _scaled_product_plus(op, shape_of, mats: tuple[str, str]):
+    """``addmm_out`` / ``baddbmm_out``: ``out = beta * self + alpha * (m1 @ m2)``."""
+
+    def product_out(ctx, out, self, m1, m2, beta, alpha):
+        bias, a, b = _in(ctx, self, "self"), _in(ctx, m1, mats[0]), _in(ctx, m2, mats[1])
+        _write_out(
+            ctx,
+            out,
+            shape_of(a, b, op.__name__),
+            a.dtype,
+            lambda o: op(bias, a, b, beta=beta, alpha=alpha, out=o),
+        )
+
+    return product_out
 
 
-def bmm_out(out, self, mat2):
-    a, b = _in(self, "self"), _in(mat2, "mat2")
-    _write_out(out, _bmm_shape(a, b, "bmm"), a.dtype, lambda o: torch.bmm(a, b, out=o))
+addmm_out = _scaled_product_plus(torch.addmm, _mm_shape, ("mat1", "mat2"))
+baddbmm_out = _scaled_product_plus(torch.baddbmm, _bmm_shape, ("batch1", "batch2"))
 
 
-def baddbmm_out(out, self, batch1, batch2, beta, alpha):
-    bias, a, b = _in(self, "self"), _in(batch1, "batch1"), _in(batch2, "batch2")
-    _write_out(
-        out,
-        _bmm_shape(a, b, "baddbmm"),
-        a.dtype,
-        lambda o: torch.baddbmm(bias, a, b, beta=beta, alpha=alpha, out=o),
-    )
+def bmm_out(ctx, out, self, mat2):
+    a, b = _in(ctx, self, "self"), _in(ctx, mat2, "mat2")
+    _write_out(ctx, out, _bmm_shape(a, b, "bmm"), a.dtype, lambda o: torch.bmm(a, b, out=o))
 
 
-def topk(self, k, dim, largest, sorted, ret0, ret1):
+def topk(ctx, self, k, dim, largest, sorted, ret0, ret1):
     need_out((ret0, "ret0"), (ret1, "ret1"))
-    x = _in(self, "self")
+    x = _in(ctx, self, "self")
     if x.dim() and not -x.dim() <= dim < x.dim():
         raise ShimError(f"topk: dim {dim} out of range for a {x.dim()}-d tensor")
     size = x.shape[dim] if x.dim() else 1
     if not 0 <= k <= size:
         raise ShimError(f"topk: k={k} out of range for a dimension of size {size}")
     values, indices = torch.topk(x, k, dim, bool(largest), bool(sorted))
-    _ret(ret0, values, "ret0")
-    _ret(ret1, indices, "ret1")
+    _ret(ctx, ret0, values, "ret0")
+    _ret(ctx, ret1, indices, "ret1")
 
 
 def convolution(
+    ctx,
     input,
     weight,
     bias,
@@ -118,9 +120,9 @@ def convolution(
     ret0,
 ):
     y = aten.convolution(
-        _in(input, "input"),
-        _in(weight, "weight"),
-        _opt_in(bias, "bias"),
+        _in(ctx, input, "input"),
+        _in(ctx, weight, "weight"),
+        _opt_in(ctx, bias, "bias"),
         read_i64s(stride, stride_len, "stride"),
         read_i64s(padding, padding_len, "padding"),
         read_i64s(dilation, dilation_len, "dilation"),
@@ -128,14 +130,14 @@ def convolution(
         read_i64s(output_padding, output_padding_len, "output_padding"),
         groups,
     )
-    _ret(ret0, y, "ret0")
+    _ret(ctx, ret0, y, "ret0")
 
 
 def _adaptive_avg_pool(op):
-    def adaptive_avg_pool(self, output_size, output_size_len, ret0):
+    def adaptive_avg_pool(ctx, self, output_size, output_size_len, ret0):
         need_out((ret0, "ret0"))
-        y = op(_in(self, "self"), read_i64s(output_size, output_size_len, "output_size"))
-        _ret(ret0, y, "ret0")
+        y = op(_in(ctx, self, "self"), read_i64s(output_size, output_size_len, "output_size"))
+        _ret(ctx, ret0, y, "ret0")
 
     return adaptive_avg_pool
 
@@ -144,14 +146,25 @@ def _avg_pool(op):
     """``avg_pool{2,3}d``: Inductor calls ATen's for windows over 25 elements that overlap."""
 
     def avg_pool(
-        self, kernel, kernel_len, stride, stride_len, pad, pad_len, ceil, count_pad, divisor, ret0
+        ctx,
+        self,
+        kernel,
+        kernel_len,
+        stride,
+        stride_len,
+        pad,
+        pad_len,
+        ceil,
+        count_pad,
+        divisor,
+        ret0,
     ):
         need_out((ret0, "ret0"))
         divisor = read_opt_i64(divisor)
         if divisor == 0:
             raise ShimError(f"{op.__name__}: divisor_override must be non-zero")
         y = op(
-            _in(self, "self"),
+            _in(ctx, self, "self"),
             read_i64s(kernel, kernel_len, "kernel_size"),
             read_i64s(stride, stride_len, "stride"),
             read_i64s(pad, pad_len, "padding"),
@@ -159,30 +172,29 @@ def _avg_pool(op):
             bool(count_pad),
             divisor,
         )
-        _ret(ret0, y, "ret0")
+        _ret(ctx, ret0, y, "ret0")
 
     return avg_pool
 
 
 def max_pool2d_with_indices(
-    self, kernel, kernel_len, stride, stride_len, pad, pad_len, dil, dil_len, ceil, ret0, ret1
+    ctx, self, kernel, kernel_len, stride, stride_len, pad, pad_len, dil, dil_len, ceil, ret0, ret1
 ):
     need_out((ret0, "ret0"), (ret1, "ret1"))
     y, idx = aten.max_pool2d_with_indices(
-        _in(self, "self"),
+        _in(ctx, self, "self"),
         read_i64s(kernel, kernel_len, "kernel_size"),
         read_i64s(stride, stride_len, "stride"),
         read_i64s(pad, pad_len, "padding"),
         read_i64s(dil, dil_len, "dilation"),
         bool(ceil),
     )
-    _ret(ret0, y, "ret0")
-    _ret(ret1, idx, "ret1")
+    _ret(ctx, ret0, y, "ret0")
+    _ret(ctx, ret1, idx, "ret1")
 
 
-@shim
-def aoti_torch_cpu_mkldnn_rnn_layer(
-    input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, batch_sizes_len, mode, hidden_size,
+def mkldnn_rnn_layer(
+    ctx, input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, batch_sizes_len, mode, hidden_size,
     num_layers, has_biases, bidirectional, batch_first, train, ret0, ret1, ret2, ret3,
 ):  # fmt: skip
     """One LSTM layer: Inductor's CPU decomposition of ``aten.lstm`` calls oneDNN's."""
@@ -191,13 +203,13 @@ def aoti_torch_cpu_mkldnn_rnn_layer(
     if train:
         raise ShimError("mkldnn_rnn_layer: training mode is not supported at inference")
     results = aten.mkldnn_rnn_layer(
-        _in(input, "input"),
-        _in(w0, "weight0"),
-        _in(w1, "weight1"),
-        _in(w2, "weight2"),
-        _in(w3, "weight3"),
-        _in(hx, "hx_"),
-        _in(cx, "cx_"),
+        _in(ctx, input, "input"),
+        _in(ctx, w0, "weight0"),
+        _in(ctx, w1, "weight1"),
+        _in(ctx, w2, "weight2"),
+        _in(ctx, w3, "weight3"),
+        _in(ctx, hx, "hx_"),
+        _in(ctx, cx, "cx_"),
         bool(reverse),
         list(read_i64s(batch_sizes, batch_sizes_len, "batch_sizes")),
         mode,
@@ -209,7 +221,7 @@ def aoti_torch_cpu_mkldnn_rnn_layer(
         False,
     )
     for (addr, what), t in zip(outs, results):
-        _ret(addr, t, what)
+        _ret(ctx, addr, t, what)
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -221,12 +233,9 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-@shim
-def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
-    query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1
-):
+def sdpa_flash_for_cpu(ctx, query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1):
     need_out((ret0, "ret0"), (ret1, "ret1"))
-    q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
+    q, k, v = _in(ctx, query, "query"), _in(ctx, key, "key"), _in(ctx, value, "value")
     _check_qkv(q, k, v)
     if dropout_p:
         raise ShimError("attention: dropout is not supported at inference")
@@ -236,19 +245,37 @@ def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
         v,
         0.0,
         bool(is_causal),
-        attn_mask=_opt_in(attn_mask, "attn_mask"),
+        attn_mask=_opt_in(ctx, attn_mask, "attn_mask"),
         scale=read_f64(scale),
     )
-    _ret(ret0, out, "ret0")
-    _ret(ret1, lse, "ret1")
+    _ret(ctx, ret0, out, "ret0")
+    _ret(ctx, ret1, lse, "ret1")
 
 
-@shim
-def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
-    query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
+def sdpa_math_for_mps(
+    ctx, query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
+):
+    sdpa_math_for_mps_v2(
+        ctx, query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, 0, ret0, ret1
+    )
+
+
+def sdpa_math_for_mps_v2(
+    ctx,
+    query,
+    key,
+    value,
+    attn_mask,
+    dropout_p,
+    is_causal,
+    dropout_mask,
+    scale,
+    enable_gqa,
+    ret0,
+    ret1,
 ):
     need_out((ret0, "ret0"), (ret1, "ret1"))
-    q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
+    q, k, v = _in(ctx, query, "query"), _in(ctx, key, "key"), _in(ctx, value, "value")
     _check_qkv(q, k, v)
     if dropout_p:
         raise ShimError("attention: dropout is not supported at inference")
@@ -256,31 +283,35 @@ def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
         q,
         k,
         v,
-        _opt_in(attn_mask, "attn_mask"),
+        _opt_in(ctx, attn_mask, "attn_mask"),
         0.0,
         bool(is_causal),
-        _opt_in(dropout_mask, "dropout_mask"),
+        _opt_in(ctx, dropout_mask, "dropout_mask"),
         scale=read_f64(scale),
+        enable_gqa=bool(enable_gqa),
     )
-    _ret(ret0, out, "ret0")
-    _ret(ret1, attn, "ret1")
+    _ret(ctx, ret0, out, "ret0")
+    _ret(ctx, ret1, attn, "ret1")
 
 
-# the same implementation serves the host (cpu) and Metal (mps) names of an op
-for _prefix in ("aoti_torch_cpu_", "aoti_torch_mps_"):
-    for _name, _fn in (
-        ("mm_out", mm_out),
-        ("addmm_out", addmm_out),
-        ("bmm_out", bmm_out),
-        ("baddbmm_out", baddbmm_out),
-        ("topk", topk),
-        ("convolution", convolution),
-        ("_adaptive_avg_pool2d", _adaptive_avg_pool(aten._adaptive_avg_pool2d)),
-        ("max_pool2d_with_indices", max_pool2d_with_indices),
-        ("avg_pool2d", _avg_pool(aten.avg_pool2d)),
-        ("avg_pool3d", _avg_pool(aten.avg_pool3d)),
-    ):
-        shim_as(_prefix + _name, _fn)
-
-# host only: torch declares no mps version of it
-shim_as("aoti_torch_cpu__adaptive_avg_pool3d", _adaptive_avg_pool(aten._adaptive_avg_pool3d))
+# one implementation per fallback op, registered under its name on every device whose
+# target lists it in etmetal.common.fallbacks (a test checks both sides cover each other)
+IMPLEMENTATIONS = {
+    "mm_out": mm_out,
+    "addmm_out": addmm_out,
+    "bmm_out": bmm_out,
+    "baddbmm_out": baddbmm_out,
+    "topk": topk,
+    "convolution": convolution,
+    "_adaptive_avg_pool2d": _adaptive_avg_pool(aten._adaptive_avg_pool2d),
+    "_adaptive_avg_pool3d": _adaptive_avg_pool(aten._adaptive_avg_pool3d),
+    "max_pool2d_with_indices": max_pool2d_with_indices,
+    "avg_pool2d": _avg_pool(aten.avg_pool2d),
+    "avg_pool3d": _avg_pool(aten.avg_pool3d),
+    "mkldnn_rnn_layer": mkldnn_rnn_layer,
+    "_scaled_dot_product_flash_attention_for_cpu": sdpa_flash_for_cpu,
+    "_scaled_dot_product_attention_math_for_mps": sdpa_math_for_mps,
+    "_scaled_dot_product_attention_math_for_mps_v2": sdpa_math_for_mps_v2,
+}
+for _symbol, _op in all_fallback_shims().items():
+    shim_as(_symbol, IMPLEMENTATIONS[_op])

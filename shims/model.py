@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import state
-from .bridge import Bridge, BridgeError, load_bridge
+from .bridge import Bridge, BridgeError
+from .context import ShimContext, check_materialize, default_context
 from .native import NativeBuildError, link_wrapper, undefined_symbols
 from .steady_run import SteadyRun
-from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor, tensor_from_torch
+from .storage import HostAllocator, ShimError, Storage, Tensor, tensor_from_torch
 
 
 class AotiModelError(RuntimeError):
@@ -30,21 +30,21 @@ def undefined_shims(so_path: str | os.PathLike) -> set[str] | None:
         raise AotiModelError(str(exc)) from exc
 
 
-def _aligned_blob(blob: bytes | bytearray | memoryview | None) -> tuple[int, object]:
+def _aligned_blob(
+    blob: bytes | bytearray | memoryview | None, host: HostAllocator
+) -> tuple[int, object]:
     """A pointer to the weights and the object keeping them alive (copied only if misaligned)."""
     if blob is None or len(blob) == 0:
         return 0, None
     arr = np.frombuffer(blob, dtype=np.uint8)
-    if arr.ctypes.data % HOST_ALLOCATOR.alignment == 0:
+    if arr.ctypes.data % host.alignment == 0:
         return arr.ctypes.data, arr
-    buf = HOST_ALLOCATOR.allocate(arr.nbytes)
+    buf = host.allocate(arr.nbytes)
     buf.numpy()[:] = arr
     return buf.data_ptr(), buf
 
 
 class AotiModel:
-    _open = 0  # models not yet closed; the host buffer cache is emptied when none are left
-
     """One AOTI model container over a ``.so`` whose ``aoti_torch_*`` calls go to etmetal.
 
     ``weights_blob`` is the constants blob AOTI wrote next to the ``.so``; constants
@@ -54,6 +54,8 @@ class AotiModel:
     ``check_inputs`` turns on the ``.so``'s own check of every input's dtype, sizes,
     strides and device (AOTI_RUNTIME_CHECK_INPUTS, read by the ``.so`` on its first
     run): a mismatched input is then an error, not an out-of-bounds read.
+    ``context``: the ``ShimContext`` whose shims serve this model (default: the default
+    context); the policy is the model's own, held by the context only while it runs.
     """
 
     def __init__(
@@ -63,15 +65,15 @@ class AotiModel:
         *,
         materialize: str = "view",
         check_inputs: bool = True,
+        context: ShimContext | None = None,
     ) -> None:
-        if materialize not in state.MATERIALIZE_MODES:
-            raise ValueError(f"materialize must be one of {state.MATERIALIZE_MODES}")
         self.so_path = Path(so_path)
-        self.materialize = materialize
+        self.materialize = check_materialize(materialize)
         self.check_inputs = check_inputs
+        self.context = ctx = context or default_context()
         self._container = None
         self._lib = None
-        self._bridge: Bridge = load_bridge()
+        self._bridge: Bridge = ctx.load_bridge()
         if not self.so_path.is_file():
             raise AotiModelError(f"{self.so_path}: no such file")
         needed = undefined_shims(self.so_path)
@@ -99,18 +101,16 @@ class AotiModel:
             self._lib = ctypes.PyDLL(str(self.wrapper_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
-        self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob)
+        self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
         self._bind_api()
-        AotiModel._open += 1
+        ctx.model_opened()
         self._counted = True
-        if state.NATIVE is not None:
-            state.NATIVE.set_caching(True)
-        with state.RUN_LOCK:
-            previous = state.set_materialize(self.materialize)
+        with ctx.run_lock:
+            previous, ctx.materialize = ctx.materialize, self.materialize
             try:
                 self._create()
             finally:
-                state.set_materialize(previous)
+                ctx.materialize = previous
 
     def _bind_api(self) -> None:
         lib, vp, sz = self._lib, ctypes.c_void_p, ctypes.c_size_t
@@ -141,7 +141,7 @@ class AotiModel:
         msg = ctypes.c_char_p()
         self._lib.AOTInductorGetLastError(ctypes.byref(msg))
         model_msg = (msg.value or b"").decode(errors="replace").strip()
-        shim_msg = state.last_error()
+        shim_msg = self.context.error
         raise AotiModelError(
             f"{self.so_path.name}: {step} failed: {model_msg or 'error code ' + str(rc)}"
             + (f" (last shim error: {shim_msg})" if shim_msg else "")
@@ -153,7 +153,7 @@ class AotiModel:
         return out.value
 
     def _create(self) -> None:
-        state.clear_last_error()
+        self.context.clear_last_error()
         handle = ctypes.c_void_p()
         lib = self._lib
         self._check(
@@ -168,6 +168,7 @@ class AotiModel:
             self._out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
             self._input_cache: dict[tuple, Tensor] = {}
             self._steady = SteadyRun(
+                self.context,
                 ctypes.cast(self._run_fn, ctypes.c_void_p).value,
                 handle.value,
                 self.num_inputs,
@@ -190,7 +191,9 @@ class AotiModel:
                 if self._bridge.calls == before:
                     raise BridgeError(
                         f"{self.so_path.name}: constants loaded without any shim call reaching "
-                        "etmetal: the .so is bound to another aoti_torch implementation"
+                        "etmetal: the .so is bound to another aoti_torch implementation (or "
+                        "to the bridge of another ShimContext that loaded this file first: "
+                        "give each context its own copy of the file)"
                     )
         except BaseException:
             self.close()
@@ -226,15 +229,15 @@ class AotiModel:
             raise AotiModelError(
                 f"{self.so_path.name}: expected {self.num_inputs} inputs, got {len(inputs)}"
             )
-        handles = []
+        handles, ctx = [], self.context
         try:
             for i, t in enumerate(inputs):
                 if not isinstance(t, torch.Tensor):
                     raise AotiModelError(f"input {i}: expected a cpu torch.Tensor, got {t!r:.80}")
-                handles.append(state.register(self._describe_input(i, t)))
+                handles.append(ctx.register(self._describe_input(i, t)))
         except BaseException:
             for h in handles:
-                state.unregister(h)
+                ctx.unregister(h)
             raise
         return handles
 
@@ -258,16 +261,17 @@ class AotiModel:
         """The output as a torch tensor: adopted when it owns its storage alone, else copied.
 
         A native output (made by the bridge) teaches the steady run its geometry."""
-        native = state.NATIVE
+        ctx = self.context
+        native = ctx.native
         predictable = native is not None and native.read(handle) is not None
-        t = state.lookup(handle, "output")
+        t = ctx.lookup(handle, "output")
         view = t.torch()
         if t.storage.owned and t.storage.count == 1:
             t.storage.hand_over()  # the caller's tensor keeps the memory; never recycle it
             result = view
         else:
             result = view.clone()
-        state.unregister(handle)
+        ctx.unregister(handle)
         if self._steady is not None:
             self._steady.learn_output(i, result if predictable else None)
         return result
@@ -304,20 +308,22 @@ class AotiModel:
             raise AotiModelError(
                 f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
             )
-        with state.RUN_LOCK:
-            ready = self._ready
-            if ready is not None and state.FLAGS.materialize == self.materialize:
-                ran = ready.run(inputs, outputs)
-                if ran is not None and ran[0] == 0 and not ran[2]:
-                    return ran[1]  # the usual case: everything went through etm_run
-                return self._run_locked(inputs, outputs, ran)
-            if self._container is None:
-                raise AotiModelError(f"{self.so_path.name}: model is closed")
-            previous = state.set_materialize(self.materialize)
+        ctx = self.context
+        with ctx.run_lock:
+            # the context holds this model's policy while it runs (shims read it there)
+            previous, ctx.materialize = ctx.materialize, self.materialize
             try:
+                ready = self._ready
+                if ready is not None:
+                    ran = ready.run(inputs, outputs)
+                    if ran is not None and ran[0] == 0 and not ran[2]:
+                        return ran[1]  # the usual case: everything went through etm_run
+                    return self._run_locked(inputs, outputs, ran)
+                if self._container is None:
+                    raise AotiModelError(f"{self.so_path.name}: model is closed")
                 return self._run_locked(inputs, outputs, None)
             finally:
-                state.set_materialize(previous)
+                ctx.materialize = previous
 
     def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""
@@ -327,9 +333,10 @@ class AotiModel:
             return self._run_general(inputs)
         rc, results, pending = ran
         if rc != 0:
+            ctx = self.context
             for h in results:
-                if type(h) is int and state.is_live(h):
-                    state.unregister(h)
+                if type(h) is int and ctx.is_live(h):
+                    ctx.unregister(h)
             self._check(rc, "run")
         if pending:
             for i, h in enumerate(results):
@@ -339,8 +346,9 @@ class AotiModel:
 
     def _run_general(self, inputs) -> list[torch.Tensor]:
         """Every run's path until the outputs are known, and whenever the steady one cannot."""
+        ctx = self.context
         handles = self._input_handles(inputs)
-        in_arr, out_arr = self._in_arr, self._out_arr  # reused: one run at a time (RUN_LOCK)
+        in_arr, out_arr = self._in_arr, self._out_arr  # reused: one run at a time (run lock)
         for i, h in enumerate(handles):
             in_arr[i] = h
         for i in range(self.num_outputs):
@@ -356,21 +364,21 @@ class AotiModel:
         produced = out_arr[: self.num_outputs]
         # inputs are stolen by the container; release any it left behind (e.g. on failure)
         for h in handles:
-            if h not in produced and state.is_live(h):
-                state.unregister(h)
+            if h not in produced and ctx.is_live(h):
+                ctx.unregister(h)
         if rc != 0:
             for h in produced:
-                if state.is_live(h):
-                    state.unregister(h)
+                if ctx.is_live(h):
+                    ctx.unregister(h)
             self._check(rc, "run")
         if calls.value == before:
             raise BridgeError(
                 f"{self.so_path.name}: a run made no shim call that reached etmetal; the .so is "
-                "bound to another aoti_torch implementation"
+                "bound to another aoti_torch implementation (or to another ShimContext's bridge)"
             )
         results = []
         for i, h in enumerate(produced):
-            if not state.is_live(h):
+            if not ctx.is_live(h):
                 raise AotiModelError(f"{self.so_path.name}: output {i} is not a live shim tensor")
             results.append(self._take_output(h, i))
         return results
@@ -379,7 +387,7 @@ class AotiModel:
         """Delete the container (its constants go with it) and forget the weights."""
         self._ready = None
         if self._container is not None:
-            with state.RUN_LOCK:
+            with self.context.run_lock:
                 rc = self._lib.AOTInductorModelContainerDelete(self._container)
             self._container = None
             self._check(rc, "deleting the container")
@@ -387,11 +395,7 @@ class AotiModel:
         self._blob_ptr = 0
         if getattr(self, "_counted", False):
             self._counted = False
-            AotiModel._open -= 1
-            if AotiModel._open == 0:
-                HOST_ALLOCATOR.empty_cache()
-                if state.NATIVE is not None:
-                    state.NATIVE.set_caching(False)
+            self.context.model_closed()
 
     def __enter__(self) -> AotiModel:
         return self

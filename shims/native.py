@@ -1,9 +1,9 @@
 """Build a shared object from C/C++ source once, cached by content hash, with the system compiler.
 
 Used for the shim trampoline, the native copy kernels and the per-model link wrappers.
-A build lives in ``<cache>/<kind>/<key>/`` where ``key`` hashes the compiler, the machine,
-the flags and the source, so any change rebuilds; concurrent builders write to a private
-temporary directory and rename into place atomically, so they agree on the result.
+A build is an entry ``<kind>/<key>`` of :mod:`etmetal.common.cache`, where ``key`` hashes
+the compiler, the machine, the flags and the source, so any change rebuilds; concurrent
+builders wait on the entry's lock and agree on one result.
 """
 
 from __future__ import annotations
@@ -14,23 +14,18 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-_FORMAT = 2
+from etmetal.common.cache import ContentCache, cache_root
+
+__all__ = ["NativeBuildError", "build_shared", "cache_root", "compiler", "link_wrapper"]
+
+_FORMAT = 3  # 3: entries of etmetal.common.cache (a 'complete' marker)
 
 
 class NativeBuildError(RuntimeError):
     """The system compiler is missing or rejected a generated source."""
-
-
-def cache_root() -> Path:
-    env = os.environ.get("ETMETAL_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "etmetal"
 
 
 def compiler(lang: str) -> str:
@@ -64,22 +59,17 @@ def build_shared(
     ext = "c" if lang == "c" else "cpp"
     key_text = "|".join([str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link])
     key = hashlib.sha256(f"{key_text}\n{source}".encode()).hexdigest()[:24]
-    out_dir = (cache_root() if root is None else root) / kind / key
-    lib = out_dir / lib_name
-    if lib.exists():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        src = Path(tmp) / f"{Path(lib_name).stem}.{ext}"
+
+    def build(tmp: Path) -> None:
+        src = tmp / f"{Path(lib_name).stem}.{ext}"
         src.write_text(source)
-        tmp_lib = Path(tmp) / lib_name
-        cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp_lib), str(src), *link]
+        cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp / lib_name), str(src), *link]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise NativeBuildError(f"building {kind} failed ({' '.join(cmd)}):\n{proc.stderr}")
-        shutil.copy2(src, out_dir / src.name)
-        os.replace(tmp_lib, lib)  # atomic: concurrent builders agree on the content
-    return lib
+
+    entry, _ = ContentCache(kind, root).get_or_create(key, build)
+    return entry / lib_name
 
 
 def link_wrapper(needed: Sequence[Path]) -> Path:

@@ -3,7 +3,7 @@
 // the ETM_* constants native_tensors.py defines and the bridge's globals.
 
 // per-handle records: a handle is its record's address. Python's tensors use the lower
-// half (state.Records writes them); native tensors the upper half (shims/native_tensors.py)
+// half (records.Records writes them); native tensors the upper half (shims/native_tensors.py)
 typedef struct {
   int64_t live, data_ptr, dim, offset, numel;
   int32_t dtype, device_type;
@@ -88,7 +88,7 @@ static void etm_native_delete(etm_rec* r) {
   etm_native_live--;
   etm_slot_give(r);
 }
-// Python adopted a native record (state.lookup): the allocation now belongs to a Storage
+// Python adopted a native record (ShimContext.lookup): the allocation now belongs to a Storage
 ETM_EXPORT int32_t etm_native_disown(void* h) {
   etm_rec* r = etm_rec_of(h);
   if (!r || !r->native) return 1;

@@ -7,7 +7,7 @@ allocation (from a per-size free cache) or borrows a run's input, and lives in t
 upper half of the record table, which C manages as its own FIFO of free slots.
 
 Python never has to know about a native tensor unless it touches it: the first
-Python shim that looks a native handle up *adopts* it (``state.lookup``), turning it
+Python shim that looks a native handle up *adopts* it (``ShimContext.lookup``), turning it
 into an ordinary ``Tensor`` over a ``Storage`` that now owns the C allocation (freed
 back to the C cache when its last user, shim tensor or ATen view, goes). From then on
 everything (views, refcounts, errors) follows the Python object model.
@@ -30,7 +30,7 @@ from .dtypes import ITEMSIZE
 
 MAX_DIMS = 8
 RECORD_SIZE = 192  # etm_rec below: 5 int64 + 2 int32 + 2 x int64[8] + 2 int64
-TABLE_SLOTS = 32768  # the lower half is Python's (state.Records), the upper half native
+TABLE_SLOTS = 32768  # the lower half is Python's (records.Records), the upper half native
 NATIVE_LIMIT = 1 << 20  # largest empty_strided served natively, bytes (bigger: Python's)
 CACHE_LIMIT = 64 << 20  # freed native allocations kept for reuse, bytes
 NO_SLOT = -0x7E7  # etm_run: no free native record; nothing ran

@@ -1,7 +1,9 @@
 """The table of Python shim implementations and the C-pointer helpers they share.
 
-Each implementation is a plain function named exactly like its C symbol, taking
-the C arguments as Python ints/floats (pointers arrive as ints, NULL as ``None``).
+Each implementation is a plain function named exactly like its C symbol, taking its
+``ShimContext`` and then the C arguments as Python ints/floats (pointers arrive as
+ints, NULL as ``None``): ``fn(ctx, *c_args)``. ``SHIMS`` is filled once, when the
+shim modules are imported; each context copies it and may add device shims.
 Out-parameters are written with the ``put_*`` helpers. Raising ``ShimError`` (or
 anything else) makes the bridge return AOTI_TORCH_FAILURE and record the message.
 """
@@ -12,9 +14,9 @@ import ctypes
 import struct
 from collections.abc import Callable
 
-from .state import register
-from .storage import ShimError, Tensor
+from .storage import ShimError
 
+# C name -> implementation; written only by the @shim decorators at import
 SHIMS: dict[str, Callable] = {}
 
 MAX_NDIM = 64
@@ -27,7 +29,7 @@ _bool = ctypes.c_bool
 _f64 = ctypes.c_double
 _f32 = ctypes.c_float
 _string_at = ctypes.string_at
-_i64_arrays: dict[int, type] = {}
+_I64_ARRAYS = tuple(_i64 * n for n in range(MAX_NDIM + 1))  # int64_t[n] types, made once
 
 
 def shim(fn: Callable) -> Callable:
@@ -51,11 +53,11 @@ def read_i64s(addr: int | None, n: int, what: str) -> tuple[int, ...]:
     """``n`` int64 values at ``addr`` (a ``const int64_t*``)."""
     if n == 0:
         return ()
+    if n < 0:
+        raise ShimError(f"{what}: length {n} is negative")
     if not addr:
         raise ShimError(f"{what} is NULL but {n} values were expected")
-    array = _i64_arrays.get(n)
-    if array is None:
-        array = _i64_arrays[n] = _i64 * n
+    array = _I64_ARRAYS[n] if n <= MAX_NDIM else _i64 * n
     return tuple(array.from_address(addr)[:])
 
 
@@ -128,7 +130,6 @@ def need_out(*pairs: tuple[int | None, str]) -> None:
         _target(addr, what)
 
 
-def emit(addr: int | None, tensor: Tensor, what: str = "ret") -> None:
-    """Register ``tensor`` and store its new handle at ``addr`` (checked first)."""
-    slot = _ptr.from_address(_target(addr, what))  # before registering: nothing to undo
-    slot.value = register(tensor)
+def out_slot(addr: int | None, what: str) -> ctypes.c_void_p:
+    """The ``AtenTensorHandle*`` at ``addr``, checked (``ShimContext.emit`` writes it)."""
+    return _ptr.from_address(_target(addr, what))

@@ -18,7 +18,6 @@ from functools import partial
 
 import torch
 
-from . import state
 from .dtypes import ITEMSIZE, TORCH_TO_DTYPE
 from .native_tensors import MAX_DIMS, NO_SLOT, RECORD_SIZE, OutSpec, RunCall, pack_image
 from .storage import packed_extent
@@ -39,7 +38,9 @@ def geometry_of(t: torch.Tensor) -> Geometry:
 class SteadyRun:
     """The prepared ``etm_call`` of one model container and the per-run bookkeeping."""
 
-    def __init__(self, run_fn: int, container: int, n_in: int, n_out: int) -> None:
+    def __init__(self, ctx, run_fn: int, container: int, n_in: int, n_out: int) -> None:
+        """``ctx``: the model's ``ShimContext`` (its bridge is loaded)."""
+        self.ctx = ctx
         self.n_in, self.n_out = n_in, n_out
         self._images = ctypes.create_string_buffer(max(n_in, 1) * RECORD_SIZE)
         self._in_handles = (ctypes.c_void_p * max(n_in, 1))()
@@ -59,7 +60,7 @@ class SteadyRun:
             ctypes.addressof(self._dsts),
         )
         self._call_arg = ctypes.c_void_p(ctypes.addressof(self._call))
-        self._etm_run = state.NATIVE.run
+        self._etm_run = ctx.native.run
         self._keys: list[tuple | None] = [None] * n_in
         self.geometries: list[Geometry | None] = [None] * n_out
         self._makers: list = [None] * n_out  # makes a new tensor of output i's geometry
@@ -139,9 +140,10 @@ class SteadyRun:
         call = self._call
         if call.leftover:  # inputs Python adopted and the container left behind
             outputs = set(self._out_handles[: self.n_out])
+            handles = self.ctx.handles
             for h in self._in_handles[: self.n_in]:
-                if h in state.HANDLES and h not in outputs:
-                    state.unregister(h)
+                if h in handles and h not in outputs:
+                    self.ctx.unregister(h)
         if not call.pending:
             return rc, results, False
         for i, h in enumerate(self._out_handles[: self.n_out]):

@@ -14,20 +14,12 @@ from __future__ import annotations
 
 import ctypes
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
 from .dtypes import DEVICE_CPU, DTYPE_TO_TORCH, ITEMSIZE, TORCH_TO_DTYPE
 from .native_tensors import NativeBlock
-
-# called when host allocation policy changes (a fill byte, a new allocator): the bridge
-# serves allocations natively only while host memory is plain (state.sync_native_policy)
-POLICY_HOOKS: list = []
-
-
-def policy_changed() -> None:
-    for hook in POLICY_HOOKS:
-        hook()
 
 
 class ShimError(Exception):
@@ -64,6 +56,9 @@ class HostAllocator(Allocator):
         self.cached_bytes = 0
         self._fill_byte: int | None = None
         self._free: dict[int, list[torch.Tensor]] = {}
+        # told when the fill byte changes: a context serves allocations natively only while
+        # its host memory is plain (``ShimContext.sync_native_policy``)
+        self.policy_listeners: list[Callable[[], None]] = []
 
     @property
     def fill_byte(self) -> int | None:
@@ -74,7 +69,8 @@ class HostAllocator(Allocator):
     @fill_byte.setter
     def fill_byte(self, value: int | None) -> None:
         self._fill_byte = value
-        policy_changed()
+        for listener in self.policy_listeners:
+            listener()
 
     def allocate(self, nbytes: int) -> torch.Tensor:
         buf = self._allocate(nbytes)
@@ -108,9 +104,6 @@ class HostAllocator(Allocator):
     def empty_cache(self) -> None:
         self._free.clear()
         self.cached_bytes = 0
-
-
-HOST_ALLOCATOR = HostAllocator()
 
 
 def _buffer_at(ptr: int, nbytes: int) -> torch.Tensor:
@@ -156,7 +149,7 @@ class Storage:
         self._block = None
 
     @classmethod
-    def allocate(cls, nbytes: int, allocator: Allocator = HOST_ALLOCATOR) -> Storage:
+    def allocate(cls, nbytes: int, allocator: Allocator) -> Storage:
         buf = allocator.allocate(nbytes)
         return cls(
             buf.data_ptr(),

@@ -13,8 +13,8 @@ the geometry goes over as packed int64s. Elements of 1, 2, 4 or 8 bytes; anythin
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
-import threading
 
 import torch
 
@@ -169,39 +169,25 @@ int etm_gather_contiguous(void* dst, const void* src, int nd, const int64_t* geo
 
 _SOURCE = _SOURCE.replace("%TRANSPOSE%", TRANSPOSE_SOURCE)
 
-_LIB = None
-_LOCK = threading.Lock()
 # geometry goes to C as packed int64s: struct.pack is several times cheaper than a ctypes array
-_GEOM: dict[int, struct.Struct] = {}
+_GEOM = tuple(struct.Struct(f"={max(n, 1)}q") for n in range(3 * MAX_DIMS + 1))
 
 
+@functools.cache  # loaded once per process (a failed build is retried on the next call)
 def _function():
-    global _LIB
-    with _LOCK:
-        if _LIB is None:
-            path = build_shared(
-                "kernels", "libetmetal_strided_copy.so", _SOURCE, flags=("-O3", "-std=c11")
-            )
-            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-            p = ctypes.c_void_p
-            fns = []
-            for name in ("etm_strided_copy", "etm_gather_contiguous"):
-                fn = getattr(lib, name)
-                fn.argtypes = [p, p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]
-                fn.restype = ctypes.c_int
-                fns.append(fn)
-            lib.etm_stream_threshold.restype = ctypes.c_int64
-            lib.etm_set_stream_threshold.argtypes = [ctypes.c_int64]
-            lib.etm_set_stream_threshold.restype = None
-            _LIB = (lib, *fns)
-        return _LIB
-
-
-def _geom(count: int) -> struct.Struct:
-    packer = _GEOM.get(count)
-    if packer is None:
-        packer = _GEOM[count] = struct.Struct(f"={max(count, 1)}q")
-    return packer
+    path = build_shared("kernels", "libetmetal_strided_copy.so", _SOURCE, flags=("-O3", "-std=c11"))
+    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+    p = ctypes.c_void_p
+    fns = []
+    for name in ("etm_strided_copy", "etm_gather_contiguous"):
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]
+        fn.restype = ctypes.c_int
+        fns.append(fn)
+    lib.etm_stream_threshold.restype = ctypes.c_int64
+    lib.etm_set_stream_threshold.argtypes = [ctypes.c_int64]
+    lib.etm_set_stream_threshold.restype = None
+    return (lib, *fns)
 
 
 def available() -> bool:
@@ -247,7 +233,7 @@ def _kernels_for(dst: torch.Tensor, src: torch.Tensor):
     ):
         return None
     try:
-        return _LIB if _LIB is not None else _function()
+        return _function()
     except (NativeBuildError, OSError):
         return None
 
@@ -264,7 +250,7 @@ def strided_copy(dst: torch.Tensor, src: torch.Tensor) -> bool:
     if lib is None:
         return False
     nd = dst.dim()
-    geom = _geom(3 * nd).pack(*dst.shape, *src.stride(), *dst.stride())
+    geom = _GEOM[3 * nd].pack(*dst.shape, *src.stride(), *dst.stride())
     return lib[1](dst.data_ptr(), src.data_ptr(), nd, geom, dst.element_size()) == 0
 
 
@@ -281,5 +267,5 @@ def gather_contiguous(dst: torch.Tensor, src: torch.Tensor) -> bool:
     if lib is None:
         return False
     nd = src.dim()
-    geom = _geom(2 * nd).pack(*src.shape, *src.stride())  # C derives dst strides
+    geom = _GEOM[2 * nd].pack(*src.shape, *src.stride())  # C derives dst strides
     return lib[2](dst.data_ptr(), src.data_ptr(), nd, geom, src.element_size()) == 0

@@ -7,15 +7,20 @@ The top-level names are resolved lazily so that importing the runtime
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Any
 
-__version__ = "0.1.0"
+try:  # the one version, pyproject's, as installed
+    __version__ = importlib.metadata.version("etmetal")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+    __version__ = "0+unknown"
 
 # public name -> module that defines it
 _LAZY = {
     "backend_config": "etmetal.backends.config",
     "MetalPartitioner": "etmetal.partitioner.metal_partitioner",
     "MetalBackend": "etmetal.backends.metal_backend",
+    "lower": "etmetal.backends.lowering",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -248,7 +248,7 @@ def _avg3d(kernel: int, stride: int):
             lambda a, b, c: torch.baddbmm(a, b, c),
             [(2, 3, 5), (2, 3, 4), (2, 4, 5)],
             "aten.baddbmm.default",
-            False,
+            True,
             "aoti_torch_cpu_baddbmm_out",
         ),
         (lambda x: torch.sort(x)[0], [(3, 6)], "aten.sort.default", False, "cpu_sort_stable"),

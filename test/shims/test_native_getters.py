@@ -7,8 +7,8 @@ import ctypes
 import pytest
 import torch
 
-from etmetal.shims import last_error, load_bridge, state
-from etmetal.shims.registry import SHIMS
+from etmetal.shims import default_context, last_error, load_bridge
+from etmetal.shims.records import Records
 
 GETTERS_1 = [  # (name, ctypes type of the out-parameter)
     ("aoti_torch_get_data_ptr", ctypes.c_void_p),
@@ -30,7 +30,8 @@ def _via_c(cdrv, name, h, ctype, *extra):
 
 def _via_python(name, h, ctype, *extra):
     out = ctype()
-    SHIMS[name](h, *extra, ctypes.addressof(out))  # the Python implementation, no bridge
+    ctx = default_context()
+    ctx.shims[name](ctx, h, *extra, ctypes.addressof(out))  # the Python implementation, no bridge
     return out.value
 
 
@@ -51,14 +52,15 @@ def test_native_getters_agree_with_python(cdrv, shape, view):
     if strides is not None:
         rc, h = cdrv.reinterpret(base, sizes, strides, offset)
         assert rc == 0, last_error()
-    native = state.RECORDS is not None and state.RECORDS.contains(h)
-    assert native == (len(sizes) <= state.Records.MAX_DIMS)
+    records = default_context().records
+    native = records is not None and records.contains(h)
+    assert native == (len(sizes) <= Records.MAX_DIMS)
     for name, ctype in GETTERS_1:
         before = bridge.calls
         assert _via_c(cdrv, name, h, ctype) == _via_python(name, h, ctype), name
         assert bridge.calls == before + 1  # counted either way: the binding proof holds
     got_sizes, got_strides, _ = cdrv.geometry(h)
-    t = state.lookup(h)
+    t = default_context().lookup(h)
     assert (got_sizes, got_strides) == (t.sizes, t.strides)
     want = torch.empty(shape).as_strided(sizes, strides or torch.empty(sizes).stride())
     assert got_sizes == tuple(want.shape) and got_strides == tuple(want.stride())

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from etmetal.shims import HOST_ALLOCATOR, last_error, memory_stats, state
+from etmetal.shims import HOST_ALLOCATOR, default_context, last_error, memory_stats
 from etmetal.shims.native_tensors import NATIVE_LIMIT, TABLE_SLOTS
 
 FLOAT32, INT64 = 6, 4
+CTX = default_context()
 
 
 def _is_native(h: int) -> bool:
-    return state.NATIVE.read(h) is not None
+    return CTX.native.read(h) is not None
 
 
 @pytest.mark.parametrize(
@@ -25,7 +26,7 @@ def _is_native(h: int) -> bool:
 def test_native_empty_has_the_requested_geometry(cdrv, sizes, strides):
     before = memory_stats()
     h = cdrv.empty(sizes, strides)
-    assert _is_native(h) and h not in state.HANDLES  # Python has not seen it
+    assert _is_native(h) and h not in CTX.handles  # Python has not seen it
     want = torch.empty_strided(sizes, strides or torch.empty(sizes).stride())
     assert cdrv.geometry(h) == (tuple(want.shape), tuple(want.stride()), FLOAT32)
     assert cdrv.ptr(h) % 64 == 0
@@ -44,7 +45,7 @@ def test_python_adopts_a_native_tensor_and_keeps_view_semantics(cdrv):
     cdrv.write(h, np.zeros((4, 6), np.float32))
     rc, view = cdrv.reinterpret(h, (4, 3), (6, 1), 3)  # right half: a Python shim call
     assert rc == 0, last_error()
-    assert h in state.HANDLES and not _is_native(h)  # adopted on first touch
+    assert h in CTX.handles and not _is_native(h)  # adopted on first touch
     cdrv.write(view, np.full((4, 3), 7, np.float32))
     want = np.zeros((4, 6), np.float32)
     want[:, 3:] = 7
@@ -57,7 +58,7 @@ def test_python_adopts_a_native_tensor_and_keeps_view_semantics(cdrv):
 def test_aten_view_of_an_adopted_tensor_outlives_its_handle(cdrv):
     h = cdrv.empty((8,))
     cdrv.write(h, np.arange(8, dtype=np.float32))
-    aten = state.lookup(h).torch()
+    aten = CTX.lookup(h).torch()
     assert cdrv.delete(h) == 0
     again = [cdrv.empty((8,)) for _ in range(4)]  # same size: would reuse freed memory
     for g in again:
@@ -69,7 +70,7 @@ def test_aten_view_of_an_adopted_tensor_outlives_its_handle(cdrv):
 
 def test_large_poisoned_and_invalid_requests_go_to_python(cdrv):
     big = cdrv.empty((NATIVE_LIMIT // 4 + 1,))
-    assert not _is_native(big) and big in state.HANDLES
+    assert not _is_native(big) and big in CTX.handles
     assert cdrv.delete(big) == 0
     HOST_ALLOCATOR.fill_byte = 0xFF
     try:
@@ -115,8 +116,8 @@ def test_double_delete_of_a_native_handle_is_an_error(cdrv):
 
 
 def test_running_out_of_native_slots_falls_back_to_python(cdrv):
-    native_api = state.NATIVE
-    adopted = sum(1 for h in state.HANDLES if native_api.in_native_half(h))
+    native_api = CTX.native
+    adopted = sum(1 for h in CTX.handles if native_api.in_native_half(h))
     free = TABLE_SLOTS // 2 - native_api.counter("live") - adopted  # native slots still free
     n = free + 10
     handles = [cdrv.empty((2,), dtype=INT64) for _ in range(n)]

@@ -15,7 +15,8 @@ Two references come out of the same lowering, both evaluated in eager PyTorch:
 
 A cache entry holds the ``.pte`` and both references; its key hashes everything
 that determines them (model code and weights, inputs, calibration data, torch and
-executorch versions), so reruns skip the lowering.
+executorch versions), so reruns skip the lowering (kind ``cortex_m`` of
+:mod:`etmetal.common.cache`).
 """
 
 from __future__ import annotations
@@ -24,18 +25,15 @@ import hashlib
 import inspect
 import io
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 
-from etmetal.backends.aoti_compile import default_cache_dir
-from etmetal.scripts.models.cortex_m_zoo import ZooCase
+from etmetal.common.cache import ContentCache
+from etmetal.examples.cortex_m_zoo import ZooCase
 
 # bump when the layout of a cache entry or the lowering recipe changes
 _CACHE_FORMAT = 1
@@ -86,7 +84,7 @@ def _as_list(outputs) -> list[torch.Tensor]:
 
 
 def _lower(case: ZooCase, model, inputs, calibration, entry: Path) -> None:
-    """Run the flow and write a complete cache entry at ``entry``."""
+    """Run the flow and write the cache entry's files into the directory ``entry``."""
     # imported here: the Cortex-M flow pulls in the Arm backend and quantizer (seconds)
     from executorch.backends.cortex_m.test.tester import CortexMQuantize, CortexMTester
     from executorch.backends.test.harness.stages import StageType
@@ -117,38 +115,27 @@ def _lower(case: ZooCase, model, inputs, calibration, entry: Path) -> None:
             for op in plan.operators
         }
     )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name[:12]}-", dir=entry.parent))
-    try:
-        (tmp / "program.pte").write_bytes(buffer)
-        blob = io.BytesIO()
-        torch.save(
-            {
-                "inputs": tuple(inputs),
-                "reference": _as_list(reference),
-                "dialect": _as_list(dialect),
-            },
-            blob,
-        )
-        (tmp / "references.pt").write_bytes(blob.getvalue())
-        meta = {
-            "case": case.name,
-            "quant_scale": scale,
-            "operators": operators,
-            "lower_seconds": seconds,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        (tmp / "complete").write_text("")
-        if entry.exists():
-            shutil.rmtree(entry)
-        tmp.rename(entry)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    (entry / "program.pte").write_bytes(buffer)
+    blob = io.BytesIO()
+    torch.save(
+        {
+            "inputs": tuple(inputs),
+            "reference": _as_list(reference),
+            "dialect": _as_list(dialect),
+        },
+        blob,
+    )
+    (entry / "references.pt").write_bytes(blob.getvalue())
+    meta = {
+        "case": case.name,
+        "quant_scale": scale,
+        "operators": operators,
+        "lower_seconds": seconds,
+    }
+    (entry / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def _load(case: ZooCase, entry: Path, from_cache: bool) -> LoweredCase | None:
-    if not (entry / "complete").exists():
-        return None
+def _load(case: ZooCase, entry: Path, from_cache: bool) -> LoweredCase:
     meta = json.loads((entry / "meta.json").read_text())
     refs = torch.load(entry / "references.pt", weights_only=True)
     return LoweredCase(
@@ -174,15 +161,9 @@ def lower_case(
     model, inputs = case.build()
     calibration = case.calibration() if case.calibration else None
     key = cache_key(case, model, inputs, calibration)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = root / "cortex_m" / f"{case.name}-{key[:24]}"
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(entry) + ".lock"):
-        if use_cache:
-            hit = _load(case, entry, from_cache=True)
-            if hit is not None:
-                return hit
-        _lower(case, model, inputs, calibration, entry)
-    lowered = _load(case, entry, from_cache=False)
-    assert lowered is not None
-    return lowered
+    entry, hit = ContentCache("cortex_m", cache_dir).get_or_create(
+        f"{case.name}-{key[:24]}",
+        lambda tmp: _lower(case, model, inputs, calibration, tmp),
+        refresh=not use_cache,
+    )
+    return _load(case, entry, from_cache=hit)

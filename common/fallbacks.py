@@ -1,0 +1,63 @@
+"""The fallback-shim table: which AOTI C-shim fallbacks (``aoti_torch_<device>_<op>``) the
+runtime of each Metal target provides.
+
+AOTInductor compiles most operators to generated code; the rest become calls into a
+C-shim fallback that the runtime must implement. The partitioner delegates a node only if
+every fallback it may take is listed here for the target, and etmetal's shim registry
+implements exactly the fallbacks listed here, so the two cannot drift apart.
+
+``host`` runs on etmetal's shims (CPU ATen); ``mps`` lists what ExecuTorch's Metal
+runtime implements (etmetal's shims serve those names too). Adding a target is one line
+in ``FALLBACKS``.
+"""
+
+from __future__ import annotations
+
+# fallbacks every target's runtime implements: matrix products and convolution leave
+# Inductor by design, top-k on most shapes
+_EVERYWHERE = frozenset({"mm_out", "addmm_out", "bmm_out", "convolution", "topk"})
+
+# target -> (device in the shim names, fallback ops its runtime implements)
+FALLBACKS: dict[str, tuple[str, frozenset[str]]] = {
+    "host": (
+        "cpu",
+        _EVERYWHERE
+        | {
+            "baddbmm_out",
+            # Inductor routes CPU scaled-dot-product attention here (math semantics)
+            "_scaled_dot_product_flash_attention_for_cpu",
+            # pools Inductor leaves to ATen (large overlapping windows, odd output sizes)
+            "avg_pool2d",
+            "avg_pool3d",
+            "_adaptive_avg_pool2d",
+            "_adaptive_avg_pool3d",
+            "max_pool2d_with_indices",
+            # Inductor's CPU decomposition of aten.lstm runs each layer in oneDNN
+            "mkldnn_rnn_layer",
+        },
+    ),
+    "mps": (
+        "mps",
+        _EVERYWHERE
+        | {
+            "_scaled_dot_product_attention_math_for_mps",
+            "_scaled_dot_product_attention_math_for_mps_v2",
+        },
+    ),
+}
+
+
+def shim_name(device: str, op: str) -> str:
+    """The C symbol of ``op``'s fallback on ``device`` (``cpu``, ``mps``)."""
+    return f"aoti_torch_{device}_{op}"
+
+
+def fallback_shims(target: str) -> frozenset[str]:
+    """The C symbols of every fallback ``target``'s runtime implements."""
+    device, ops = FALLBACKS[target]
+    return frozenset(shim_name(device, op) for op in ops)
+
+
+def all_fallback_shims() -> dict[str, str]:
+    """Every fallback symbol of any target -> its op name."""
+    return {shim_name(device, op): op for device, ops in FALLBACKS.values() for op in ops}

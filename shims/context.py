@@ -1,0 +1,358 @@
+"""``ShimContext``: everything the shims share, as one object instead of module globals.
+
+A context owns the handle table, the live storages, one allocator per device, the
+bridge it serves (and so the bridge's native records and native tensors), the run
+lock, the last error and the policy of the run in progress. Shim implementations
+are plain functions ``fn(ctx, *c_args)``; the bridge binds each one to its context
+when it builds the ctypes callbacks, so a shim reaches its state through ``ctx`` and
+never through a module global.
+
+``default_context()`` is the one the package-level helpers (``load_bridge``,
+``memory_stats``, ``last_error``, ``c_api``) and ``AotiModel`` use unless given
+another. A second ``ShimContext()`` is independent of it: its own handles, storages,
+allocators, errors and policy, and its own copy of the trampoline (a private file,
+so the dynamic loader gives it its own C records and native allocator). A model
+``.so`` file binds to the context that loaded it first; load a copy of the file to
+run the same model in another context.
+
+Extension point for devices. A device (the emulated Metal device, ``mps``) is a
+``Device``: its c10 device code, a factory for its allocator (each context gets its
+own) and the shims only it needs, keyed by C name::
+
+    MPS = Device("mps", DEVICE_CODES["mps"], MpsAllocator, shims={"aoti_torch_mps_x": impl})
+    ctx = default_context()
+    ctx.register_device(MPS)        # allocator for device code 13 + its shims
+    other = ShimContext(devices=[MPS])  # the same, for a new context
+
+A device shim is called as ``impl(ctx, *c_args)`` with the context it was registered
+on, like every shim (``registry``).
+
+``register_allocator(device_type, allocator)`` and ``register_shims({...})`` do the
+two halves separately. Shims are best registered before the context's bridge is
+loaded (the trampoline is generated from the context's shim table); afterwards only
+names the trampoline already forwards can be re-bound, anything else is a
+``BridgeError`` naming them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# core, fallbacks and getters fill the shim table (registry.SHIMS) when imported
+from . import core, fallbacks, getters, native_tensors  # noqa: F401
+from .bridge import Bridge, BridgeError, CApi, build, generate_source
+from .dtypes import DEVICE_CPU, ITEMSIZE
+from .records import MemoryStats, Records
+from .registry import SHIMS, out_slot
+from .storage import Allocator, HostAllocator, ShimError, Storage, Tensor
+
+MATERIALIZE_MODES = ("view", "seed")
+
+# handles Python makes when no record is free look like aligned pointers; never 0 (NULL)
+_HANDLE_BASE = 0x7E70_0000_0000
+
+
+def check_materialize(mode: str) -> str:
+    if mode not in MATERIALIZE_MODES:
+        raise ValueError(f"materialize must be one of {MATERIALIZE_MODES}, got {mode!r}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device shims can allocate on: c10 code, allocator factory, device-only shims."""
+
+    name: str
+    device_type: int
+    make_allocator: Callable[[], Allocator]
+    shims: Mapping[str, Callable] = field(default_factory=dict)
+
+
+class ShimContext:
+    """The shims' state: handles, storages, allocators, bridge, run lock, error, policy."""
+
+    def __init__(self, *, devices: Sequence[Device] = (), private_bridge: bool = True) -> None:
+        """``devices``: registered at once (``register_device``), besides the host.
+        ``private_bridge=False`` (the default context only) loads the cached trampoline
+        in place; any other context loads a private copy so its C state is its own."""
+        self.handles: dict[int, Tensor] = {}
+        self.live_storages: dict[int, Storage] = {}  # id(storage) -> storage
+        # one model runs at a time per context; ctypes callbacks hold the GIL, this orders
+        # whole runs (and the policy of the run in progress)
+        self.run_lock = threading.RLock()
+        self.host = HostAllocator()
+        self.host.policy_listeners.append(self.sync_native_policy)
+        self.allocators: dict[int, Allocator] = {DEVICE_CPU: self.host}
+        self.devices: dict[str, Device] = {}
+        self.shims: dict[str, Callable] = dict(SHIMS)
+        # "view": _reinterpret_tensor keeps views in the parent's storage (correct);
+        # "seed": copy non-packed views into a new buffer (upstream Metal's behaviour).
+        # Outside runs it is the context's default; a run holds its model's policy.
+        self.materialize = "view"
+        self.grad_enabled = False
+        self.error = ""  # message of the most recent failed shim call
+        self.errors = 0
+        self.open_models = 0  # models not yet closed; caches are emptied when none are left
+        self.bridge: Bridge | None = None
+        self.records: Records | None = None
+        self.native: native_tensors.NativeTensors | None = None
+        self._private_bridge = private_bridge
+        self._next_handle = itertools.count(1).__next__
+        self._load_lock = threading.Lock()
+        for device in devices:
+            self.register_device(device)
+
+    # --- devices ----------------------------------------------------------------------------
+
+    def register_allocator(self, device_type: int, allocator: Allocator) -> None:
+        """Make ``empty_strided`` on ``device_type`` allocate through ``allocator``."""
+        if allocator.device_type != device_type:
+            raise ValueError(
+                f"allocator {type(allocator).__name__} serves device type "
+                f"{allocator.device_type}, not {device_type}"
+            )
+        self.allocators[device_type] = allocator
+        self.sync_native_policy()
+
+    def allocator(self, device_type: int, device_index: int = 0) -> Allocator:
+        alloc = self.allocators.get(device_type)
+        if alloc is None:
+            raise ShimError(f"device type {device_type} has no allocator on this host")
+        if device_index not in (0, -1):
+            raise ShimError(f"device index {device_index} does not exist (only 0)")
+        return alloc
+
+    def register_shims(self, shims: Mapping[str, Callable]) -> None:
+        """Implement the C symbols ``shims`` names with ``fn(ctx, *c_args)`` in this context."""
+        bridge = self.bridge
+        if bridge is not None:
+            unknown = sorted(n for n in shims if n not in bridge.forwarded)
+            if unknown:
+                raise BridgeError(
+                    f"the trampoline of this context is loaded and does not forward {unknown}; "
+                    "register these shims before the first load_bridge()/AotiModel"
+                )
+            for name, fn in shims.items():
+                bridge.bind(name, fn)
+        self.shims.update(shims)
+
+    def register_device(self, device: Device) -> Allocator:
+        """Register ``device``'s allocator (a new one for this context) and its shims."""
+        allocator = device.make_allocator()
+        self.register_shims(device.shims)
+        self.register_allocator(device.device_type, allocator)
+        self.devices[device.name] = device
+        return allocator
+
+    # --- the bridge -------------------------------------------------------------------------
+
+    def load_bridge(self) -> Bridge:
+        """Build (once per content) and load (once per context) this context's trampoline."""
+        with self._load_lock:
+            if self.bridge is None:
+                path = build(generate_source(self.shims))
+                if self._private_bridge:
+                    path = _private_copy(self, path)
+                self.bridge = Bridge(path, self)
+            return self.bridge
+
+    def attach_native(self, records: Records, native: native_tensors.NativeTensors) -> None:
+        """Called by the bridge once loaded: its record table and native tensors."""
+        self.records, self.native = records, native
+        self.sync_native_policy()
+
+    def sync_native_policy(self) -> None:
+        """Serve allocations natively only while host memory is plain: a poisoning fill byte
+        or a replaced host allocator must see every allocation."""
+        native = self.native
+        if native is None:
+            return
+        plain = self.host.fill_byte is None and self.allocators.get(DEVICE_CPU) is self.host
+        native.set_limit(native_tensors.NATIVE_LIMIT if plain else 0)
+
+    def model_opened(self) -> None:
+        self.open_models += 1
+        if self.native is not None:
+            self.native.set_caching(True)
+
+    def model_closed(self) -> None:
+        """The last open model of this context empties its host and native caches."""
+        self.open_models -= 1
+        if self.open_models == 0:
+            self.host.empty_cache()
+            if self.native is not None:
+                self.native.set_caching(False)
+
+    # --- errors and policy ------------------------------------------------------------------
+
+    def last_error(self) -> str:
+        """The message of the most recent failed shim call ("" if none failed yet)."""
+        return self.error
+
+    def clear_last_error(self) -> None:
+        self.error = ""
+
+    def record_error(self, shim: str, message: str) -> None:
+        self.error = f"{shim}: {message}"
+        self.errors += 1
+
+    def set_materialize(self, mode: str) -> str:
+        """Set how ``_reinterpret_tensor`` treats non-packed views outside model runs (each
+        ``AotiModel`` runs with its own policy); returns the previous mode."""
+        previous, self.materialize = self.materialize, check_materialize(mode)
+        return previous
+
+    # --- the handle table -------------------------------------------------------------------
+
+    def memory_stats(self) -> MemoryStats:
+        """Python's tensors and storages plus the native ones (one storage per native tensor)."""
+        owned = [s for s in self.live_storages.values() if s.owned]
+        native = self.native
+        n_live = native.counter("live") if native else 0
+        n_borrowed = native.counter("borrowed") if native else 0
+        return MemoryStats(
+            tensors=len(self.handles) + n_live,
+            storages=len(self.live_storages) + n_live,
+            bytes=sum(s.nbytes for s in owned) + (native.counter("bytes") if native else 0),
+            borrowed_storages=len(self.live_storages) - len(owned) + n_borrowed,
+            cached_bytes=self.host.cached_bytes + (native.counter("cached") if native else 0),
+        )
+
+    def _adopt_native(self, handle: int) -> Tensor | None:
+        """Turn a live native tensor into Python's (see ``native_tensors``); None if not one."""
+        native = self.native
+        rec = native.read(handle) if native is not None else None
+        if rec is None:
+            return None
+        if rec.kind == native_tensors.OWNED:
+            storage = Storage.native(rec.data_ptr, rec.storage_bytes, native.free_memory)
+        else:  # a run's input: borrow the caller's whole storage
+            base = rec.data_ptr - rec.offset * ITEMSIZE[rec.dtype]
+            storage = Storage(base, rec.storage_bytes, owned=False)
+        tensor = Tensor(storage, rec.dtype, rec.sizes, rec.strides, rec.offset)
+        native.disown(handle)
+        self.live_storages[id(storage)] = storage
+        storage.count = 1
+        self.handles[handle] = tensor
+        return tensor
+
+    def is_live(self, handle: int | None) -> bool:
+        """True when ``handle`` names a live tensor, Python's or native."""
+        if not handle:
+            return False
+        if handle in self.handles:
+            return True
+        return self.native is not None and self.native.read(handle) is not None
+
+    def register(self, tensor: Tensor) -> int:
+        """Give ``tensor`` a new handle and count it on its storage."""
+        records = self.records
+        # the handle first: if making its record fails, nothing has been counted yet
+        handle = records.new(tensor) if records is not None else 0
+        if not handle:
+            handle = _HANDLE_BASE + (self._next_handle() << 4)
+            while records is not None and records.contains(handle):  # never alias a record
+                handle = _HANDLE_BASE + (self._next_handle() << 4)
+        storage = tensor.storage
+        if storage.count == 0:
+            self.live_storages[id(storage)] = storage
+        storage.count += 1
+        self.handles[handle] = tensor
+        return handle
+
+    def emit(self, addr: int | None, tensor: Tensor, what: str = "ret") -> None:
+        """Register ``tensor`` and store its new handle at ``addr`` (checked first)."""
+        slot = out_slot(addr, what)  # before registering: a NULL slot leaves nothing to undo
+        slot.value = self.register(tensor)
+
+    def lookup(self, handle: int | None, what: str = "tensor") -> Tensor:
+        if not handle:
+            raise ShimError(f"{what} handle is NULL")
+        tensor = self.handles.get(handle)
+        if tensor is None:
+            tensor = self._adopt_native(handle)
+            if tensor is None:
+                raise ShimError(
+                    f"{what} handle {handle:#x} is not a live tensor (deleted or never created)"
+                )
+        return tensor
+
+    def unregister(self, handle: int | None) -> None:
+        """Delete a handle; free its storage when it was the last tensor on it."""
+        if not handle:
+            raise ShimError("tensor handle is NULL")
+        tensor = self.handles.pop(handle, None)
+        if tensor is None and self.native is not None and self.native.delete(handle):
+            return
+        if tensor is None:
+            raise ShimError(
+                f"tensor handle {handle:#x} is not a live tensor (double delete or never created)"
+            )
+        records = self.records
+        if records is not None and records.base <= handle < records.end:
+            records.delete(handle)
+        storage = tensor.storage
+        storage.count -= 1
+        if storage.count == 0:
+            del self.live_storages[id(storage)]
+            storage.release()
+
+
+def _private_copy(ctx: ShimContext, path: Path) -> Path:
+    """A copy of the trampoline only ``ctx`` loads: a distinct file is a distinct object to
+    the dynamic loader, with its own globals (records, native allocator, call counter)."""
+    folder = Path(tempfile.mkdtemp(prefix="etmetal-ctx-"))
+    weakref.finalize(ctx, shutil.rmtree, folder, True)  # the mapping outlives the file
+    copy = folder / path.name
+    shutil.copy2(path, copy)
+    return copy
+
+
+# the one process-wide object of the shims: what the package-level helpers act on
+_DEFAULT = ShimContext(private_bridge=False)
+
+
+def default_context() -> ShimContext:
+    return _DEFAULT
+
+
+# the package-level helpers: the default context's
+def load_bridge(ctx: ShimContext | None = None) -> Bridge:
+    """Build (once per content) and load (once per context) the trampoline; returns the
+    bridge of ``ctx`` (the default context when None)."""
+    return (ctx or _DEFAULT).load_bridge()
+
+
+def c_api(ctx: ShimContext | None = None) -> CApi:
+    """The shims of ``ctx`` (default: the default context) under their C names."""
+    return CApi(ctx or _DEFAULT)
+
+
+def memory_stats() -> MemoryStats:
+    return _DEFAULT.memory_stats()
+
+
+def last_error() -> str:
+    """The message of the default context's most recent failed shim call."""
+    return _DEFAULT.error
+
+
+def clear_last_error() -> None:
+    _DEFAULT.error = ""
+
+
+def set_materialize(mode: str) -> str:
+    return _DEFAULT.set_materialize(mode)
+
+
+def register_allocator(allocator: Allocator) -> None:
+    """Make ``empty_strided`` on ``allocator.device_type`` allocate through ``allocator`` in
+    the default context."""
+    _DEFAULT.register_allocator(allocator.device_type, allocator)

@@ -1,0 +1,11 @@
+"""The emulated Metal device's kernels: Metal Shading Language compiled and run on the CPU.
+
+``msl`` is the API (``compile_library`` -> ``MslLibrary.function`` -> ``MslFunction.dispatch``,
+``MslError``); ``msl_compiler``/``msl_parse`` turn a library's source into a shared object
+with ``msl_compat.h``; ``msl_dispatch.cpp`` runs a kernel with Metal's threadgroup, barrier and
+SIMD-group semantics.
+"""
+
+from etmetal.shims.metal.msl import MslError, MslFunction, MslLibrary, compile_library
+
+__all__ = ["MslError", "MslFunction", "MslLibrary", "compile_library"]

@@ -1,0 +1,49 @@
+"""One fallback table: the partitioner allows exactly the fallbacks the shims implement,
+and every name in it is a C-shim torch declares."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from etmetal.backends.supported_ops import SUPPORTED_FALLBACKS
+from etmetal.backends.targets import TARGETS
+from etmetal.common.fallbacks import FALLBACKS, all_fallback_shims, fallback_shims
+from etmetal.shims.registry import SHIMS
+
+_FALLBACK_SYMBOL = re.compile(r"aoti_torch_(?:cpu|mps|cuda|xpu)_")
+
+
+def _declared(device: str) -> set[str]:
+    """The C-shim fallbacks torch's own headers declare for ``device`` (the generated
+    ``c_shim_<device>.h`` and the hand-written ``c/shim_<device>.h``)."""
+    root = Path(torch.__file__).parent / "include/torch/csrc/inductor/aoti_torch"
+    headers = [root / f"generated/c_shim_{device}.h", root / f"c/shim_{device}.h"]
+    text = "".join(h.read_text() for h in headers if h.exists())
+    return set(re.findall(rf"\b(aoti_torch_{device}_\w+)\(", text))
+
+
+def test_every_target_has_a_row():
+    assert set(FALLBACKS) == set(TARGETS)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_fallback_the_partitioner_allows_has_a_shim(target):
+    allowed = SUPPORTED_FALLBACKS[target]
+    assert allowed == fallback_shims(target)
+    assert sorted(allowed - set(SHIMS)) == []
+
+
+def test_every_fallback_shim_is_in_the_table():
+    shims = {name for name in SHIMS if _FALLBACK_SYMBOL.match(name)}
+    assert shims, "no fallback shims registered"
+    assert sorted(shims - set(all_fallback_shims())) == []
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_table_entry_is_a_shim_torch_declares(target):
+    device, _ = FALLBACKS[target]
+    assert sorted(fallback_shims(target) - _declared(device)) == []

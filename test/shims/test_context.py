@@ -1,0 +1,325 @@
+"""``ShimContext``: shims state is one object; two contexts in one process do not interact.
+
+Independence is checked through the C entry points (the trampoline of each context),
+against what the other context reports, and against eager PyTorch for model runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import etmetal.shims
+from etmetal.backends.aoti_compile import compile_exported_program
+from etmetal.shims import (
+    AotiModel,
+    BridgeError,
+    Device,
+    HostAllocator,
+    ShimContext,
+    c_api,
+    default_context,
+)
+from etmetal.shims.dtypes import DEVICE_CODES
+
+SHIMS_DIR = Path(etmetal.shims.__file__).parent
+MODULES = sorted(p.stem for p in SHIMS_DIR.glob("*.py") if p.stem != "__init__")
+FLOAT32 = 6
+MPS = DEVICE_CODES["mps"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_shims_module_imports_alone(module):
+    """A fresh interpreter imports the module first: no import cycle can leave it half-made."""
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import etmetal.shims.{module}"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _local_imports(path: Path) -> set[str]:
+    """The shims modules ``path`` imports, at module level or inside functions (imports
+    under ``if TYPE_CHECKING:`` never run and are left out)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            return
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found & set(MODULES)
+
+
+def test_shims_modules_import_each_other_without_cycles():
+    graph = {m: _local_imports(SHIMS_DIR / f"{m}.py") for m in MODULES}
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, f"import cycle: {' -> '.join((*path, m))}"
+        if m in done:
+            return
+        for dep in graph[m]:
+            visit(dep, (*path, m))
+        done.add(m)
+
+    for m in MODULES:
+        visit(m, ())
+
+
+def _empty(lib, sizes, device_type: int = 0) -> tuple[int, int]:
+    arr = (ctypes.c_int64 * len(sizes))(*sizes)
+    h = ctypes.c_void_p()
+    rc = lib.aoti_torch_empty_strided(
+        len(sizes), arr, None, FLOAT32, device_type, 0, ctypes.byref(h)
+    )
+    return rc, h.value
+
+
+@pytest.fixture(scope="module")
+def other() -> ShimContext:
+    ctx = ShimContext()
+    ctx.load_bridge()
+    return ctx
+
+
+def test_two_contexts_have_their_own_handles_and_errors(other):
+    main = default_context()
+    lib_main, lib_other = c_api(), c_api(other)
+    before_main, before_other = main.memory_stats(), other.memory_stats()
+    assert other.load_bridge().path != main.load_bridge().path  # a trampoline of its own
+
+    rc, h = _empty(lib_other, (3, 5))
+    assert rc == 0, other.last_error()
+    assert other.memory_stats().tensors == before_other.tensors + 1
+    assert main.memory_stats() == before_main  # nothing appeared in the default context
+
+    main.clear_last_error()
+    dim = ctypes.c_int64()
+    # the handle means nothing to the default context: an error there, not a tensor
+    assert lib_main.aoti_torch_get_dim(h, ctypes.byref(dim)) == 1
+    assert "not a live tensor" in main.last_error()
+    assert lib_other.aoti_torch_get_dim(h, ctypes.byref(dim)) == 0 and dim.value == 2
+
+    other.clear_last_error()
+    assert lib_main.aoti_torch_delete_tensor_object(h) == 1  # not the default context's
+    assert "not a live tensor" in main.last_error()
+    assert other.last_error() == ""  # one context's failure is not the other's error
+    assert lib_other.aoti_torch_delete_tensor_object(h) == 0
+    assert other.memory_stats().live() == before_other.live()
+    assert main.memory_stats().live() == before_main.live()
+
+
+class FillingAllocator(HostAllocator):
+    """Host memory that pretends to be another device's (as an emulated device's would)."""
+
+    def __init__(self, device_type: int) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.fill_byte = 0x7F
+        self.allocations = 0
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        self.allocations += 1
+        return super().allocate(nbytes)
+
+
+def test_a_device_registered_on_one_context_is_not_on_the_other():
+    ctx = ShimContext()
+    seen = []
+
+    def mps_dtype_size(ctx_arg, dtype):  # a device-only shim, reached with its context
+        seen.append(ctx_arg)
+        return 123
+
+    allocator = ctx.register_device(
+        Device(
+            "mps",
+            MPS,
+            lambda: FillingAllocator(MPS),
+            shims={"aoti_torch_dtype_element_size": mps_dtype_size},
+        )
+    )
+    lib = c_api(ctx)
+    rc, h = _empty(lib, (4,), device_type=MPS)
+    assert rc == 0, ctx.last_error()
+    assert allocator.allocations == 1
+    device = ctypes.c_int32()
+    assert lib.aoti_torch_get_device_type(h, ctypes.byref(device)) == 0 and device.value == MPS
+    assert ctx.lookup(h).torch().view(torch.uint8).eq(0x7F).all()  # its allocator's memory
+    assert lib.aoti_torch_delete_tensor_object(h) == 0
+    assert lib.aoti_torch_dtype_element_size(FLOAT32) == 123 and seen == [ctx]
+
+    assert MPS in ShimContext(devices=[ctx.devices["mps"]]).allocators
+
+    main = default_context()
+    main.clear_last_error()
+    rc, _ = _empty(c_api(), (4,), device_type=MPS)
+    assert rc == 1 and "no allocator" in main.last_error()
+    assert c_api().aoti_torch_dtype_element_size(FLOAT32) == 4  # the default shim there
+
+
+def test_shims_for_names_the_loaded_trampoline_lacks_are_refused(other):
+    with pytest.raises(BridgeError, match="aoti_torch_not_a_shim"):
+        other.register_shims({"aoti_torch_not_a_shim": lambda ctx: None})
+
+
+class ChunkCat(nn.Module):
+    """A kernel writes through two views with holes of one buffer (``chunk`` then ``cat``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.linear(x).chunk(2, dim=-1)
+        return torch.cat([-b, a], dim=-1)
+
+
+@pytest.fixture(scope="module")
+def chunk_cat(tmp_path_factory):
+    torch.manual_seed(0)
+    module = ChunkCat().eval()
+    x = torch.randn(4, 8)
+    art = compile_exported_program(torch.export.export(module, (x,)))
+    # a model file binds to the first context that loads it: the other context gets a copy
+    copy = tmp_path_factory.mktemp("other") / art.so_path.name
+    shutil.copy2(art.so_path, copy)
+    return module(x).detach(), x, art.so_path, copy, art.weights_path.read_bytes()
+
+
+def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
+    """Interleaved runs: the "view" model stays exact whatever the "seed" model (upstream's
+    copying behaviour, which loses the kernel's writes) runs next to it."""
+    expected, x, so_path, so_copy, weights = chunk_cat
+    main = default_context()
+    main.host.fill_byte = 0xFF  # unwritten output elements read as NaN
+    other.host.fill_byte = 0xFF
+    try:
+        with (
+            AotiModel(so_path, weights) as view_model,
+            AotiModel(so_copy, weights, materialize="seed", context=other) as seed_model,
+        ):
+            for _ in range(3):  # first run, then steady runs
+                torch.testing.assert_close(view_model.run([x])[0], expected)
+                lost = seed_model.run([x])[0]
+                assert torch.isnan(lost).all()  # the cat wrote into copies only
+                assert main.materialize == "view" and other.materialize == "view"
+        assert main.memory_stats().live() == (0, 0, 0)
+        assert other.memory_stats().live() == (0, 0, 0)
+    finally:
+        main.host.fill_byte = None
+        other.host.fill_byte = None
+
+
+def test_seed_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
+    expected, x, so_path, _, weights = chunk_cat
+    ctx = default_context()
+    ctx.host.fill_byte = 0xFF
+    try:
+        with (
+            AotiModel(so_path, weights, materialize="seed") as seed_model,
+            AotiModel(so_path, weights) as view_model,
+        ):
+            for _ in range(3):
+                assert torch.isnan(seed_model.run([x])[0]).all()
+                torch.testing.assert_close(view_model.run([x])[0], expected)
+    finally:
+        ctx.host.fill_byte = None
+    assert ctx.materialize == "view"
+
+
+def test_closing_the_last_model_of_one_context_keeps_the_other_contexts_cache(chunk_cat, other):
+    expected, x, so_path, so_copy, weights = chunk_cat
+    main = default_context()
+    with AotiModel(so_path, weights) as keep:
+        with AotiModel(so_copy, weights, context=other) as closing:
+            torch.testing.assert_close(closing.run([x])[0], expected)
+        assert other.open_models == 0
+        assert main.open_models == 1  # a process-wide counter would have reached zero
+        for _ in range(3):
+            torch.testing.assert_close(keep.run([x])[0], expected)
+        assert main.native.counter("cached") > 0  # still caching for the open model
+
+
+def test_a_model_file_another_context_loaded_is_refused_with_a_clear_error(chunk_cat, other):
+    """The dynamic loader binds a ``.so`` file once: to the context that loaded it first."""
+    expected, x, so_path, _, weights = chunk_cat
+    with AotiModel(so_path, weights) as first:
+        torch.testing.assert_close(first.run([x])[0], expected)
+        with pytest.raises(BridgeError, match="another ShimContext"):
+            AotiModel(so_path, weights, context=other)
+    assert other.memory_stats().live() == (0, 0, 0)
+    assert default_context().memory_stats().live() == (0, 0, 0)
+
+
+def _module_state() -> dict[tuple[str, str], tuple[int, str]]:
+    """Every module-level binding of etmetal.shims.*: the object's identity, and the
+    contents of containers and plain instances (a table or flag object changed by use would
+    show). The default context (and its host allocator) is the one allowed exception."""
+    allowed = (default_context(), default_context().host)
+    state = {}
+    for name, module in sorted(sys.modules.items()):
+        if name != "etmetal.shims" and not name.startswith("etmetal.shims."):
+            continue
+        for attr, value in vars(module).items():
+            if isinstance(value, (dict, list, set, bytearray)):
+                shown = repr(value)
+            elif (
+                type(value).__module__.startswith("etmetal.")  # an object of the project's
+                and hasattr(value, "__dict__")
+                and not any(value is a for a in allowed)
+            ):
+                shown = repr(vars(value))
+            else:
+                shown = ""
+            state[(name, attr)] = (id(value), shown)
+    return state
+
+
+def test_using_the_shims_changes_no_module_level_state(chunk_cat, other):
+    """Handles, storages, errors, allocations, model runs and copies all land in contexts:
+    no module global is rebound and no module-level table changes."""
+    from etmetal.shims.strided_copy import strided_copy
+
+    expected, x, so_path, so_copy, weights = chunk_cat
+    before = _module_state()
+    kept = []
+    for ctx in (default_context(), other):
+        lib = c_api(ctx)
+        kept.append((lib, _empty(lib, (2,) * 9)[1]))  # alive at the second look: Python's table
+        rc, h = _empty(lib, (4, 6))
+        assert rc == 0, ctx.last_error()
+        sizes = ctypes.c_void_p()
+        assert lib.aoti_torch_get_sizes(h, ctypes.byref(sizes)) == 0
+        assert ctx.lookup(h).sizes == (4, 6)  # adopts a native tensor into Python
+        assert lib.aoti_torch_cpu_mm_out(h, h, h) == 1  # a failure records an error
+        assert lib.aoti_torch_delete_tensor_object(h) == 0
+        ctx.host.fill_byte = 0xFF
+        ctx.host.fill_byte = None
+    with AotiModel(so_path, weights, materialize="seed") as seed_model:
+        seed_model.run([x])
+    with AotiModel(so_copy, weights, context=other) as model:
+        torch.testing.assert_close(model.run([x])[0], expected)
+    src = torch.randn(3, 5).t()
+    dst = torch.empty(5, 3)
+    strided_copy(dst, src)
+    after = _module_state()
+    for lib, h in kept:
+        assert lib.aoti_torch_delete_tensor_object(h) == 0
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"module-level state changed: {changed}"
