@@ -66,3 +66,18 @@ def test_generated_module_matches_its_description_shapes():
                 expected = step.get("shape")
                 if expected is not None:
                     assert tuple(x.shape) == tuple(expected), (program.name, str(step))
+
+
+def test_cli_generated_mode_prints_the_table(capsys):
+    import argparse
+
+    from etmetal.scripts import regress_view_copy as regress
+
+    args = argparse.Namespace(generated=2, seed=SEED, progress=False, json=False, case=None)
+    assert regress.run(args) == 0
+    out = capsys.readouterr().out
+    header, _, stock, mine, *rest = out.splitlines()
+    assert header.split()[:3] == ["lowering", "correct", "wrong"]
+    assert stock.split()[0] == "stock" and mine.split()[0] == "etmetal"
+    assert mine.split()[1:] == ["8", "0", "0", "0", "0", "8"]  # 2 programs x 4 configs
+    assert "conversions added per program" in out

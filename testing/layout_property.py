@@ -23,6 +23,15 @@ from typing import Any
 import torch
 
 from etmetal.testing.layout_programs import GeneratedProgram, generated_program
+from etmetal.testing.view_copy_matrix import (
+    count_view_ops,
+    eager_outputs,
+    kernel_calls,
+    lower,
+    max_abs_error,
+    run_on_stock_runtime,
+    to_edge_for,
+)
 
 TOLERANCE = 1e-5
 STATUSES = ("correct", "wrong", "runtime error", "refused", "lowering error")
@@ -51,8 +60,6 @@ class Cell:
 
 def scaled_error(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> float:
     """max |actual - expected| over all outputs, divided by max(1, max |expected|)."""
-    from etmetal.scripts.regress_view_copy import max_abs_error
-
     scale = max([1.0] + [e.abs().max().item() for e in expected if e.numel()])
     return max_abs_error(actual, expected) / scale
 
@@ -60,8 +67,6 @@ def scaled_error(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor
 def conversions_added(edge_graph: torch.fx.Graph, manager: Any) -> int:
     """Conversion kernel calls in the emitted program minus conversion operators the edge
     program already had (``.contiguous()``, ``.to(memory_format=...)`` in the model)."""
-    from etmetal.scripts.regress_view_copy import kernel_calls
-
     emitted = sum(kernel_calls(manager, name) for name in _CONVERSION_KERNELS)
     names = {name.split("::")[1] for name in _CONVERSION_KERNELS}
     existing = sum(
@@ -82,14 +87,6 @@ def _is_named_refusal(exc: BaseException) -> bool:
 def check_program(program: GeneratedProgram) -> list[Cell] | str:
     """Every cell of one program, or why the program was not checked (eager or export
     failed: then there is nothing to compare with)."""
-    from etmetal.scripts.regress_view_copy import (
-        count_view_ops,
-        eager_outputs,
-        lower,
-        run_on_stock_runtime,
-        to_edge_for,
-    )
-
     inputs = program.run_inputs()
     try:
         expected = eager_outputs(program, inputs)

@@ -19,13 +19,13 @@ from etmetal.backends.passes.legalize_dim_orders import (
     StockKernelLayoutError,
     same_memory,
 )
-from etmetal.scripts.regress_view_copy import (
+from etmetal.testing.layout_property import conversions_added
+from etmetal.testing.view_copy_matrix import (
     kernel_calls,
     lower,
     run_on_stock_runtime,
     to_edge_for,
 )
-from etmetal.testing.layout_property import conversions_added
 
 CL = torch.channels_last
 TO_DIM_ORDER = exir_ops.edge.dim_order_ops._to_dim_order_copy.default
