@@ -9,7 +9,8 @@ shares its base's storage), then the stock ``view_copy`` replacement when
 planning. The only per-config hook between spec propagation and the stock replacement's
 slot is ``sym_shape_eval_pass``: this config turns the stock replacement off and runs
 ``LayoutSafeViewCopyPass`` first inside that hook, exactly where the stock one would have
-run (symbolic shapes still symbolic, before out-variants and memory planning).
+run (symbolic shapes still symbolic, before out-variants and memory planning), then
+``LegalizeDimOrdersPass``, which sees the views already decided.
 """
 
 from __future__ import annotations
@@ -22,21 +23,33 @@ from executorch.exir.pass_manager import PassType
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from etmetal.backends.passes.layout_safe_view_copy import LayoutSafeViewCopyPass
+from etmetal.backends.passes.legalize_dim_orders import LegalizeDimOrdersPass
 
 
 class ViewCopyThenSymShapeEval(PassBase):
-    """Run the layout-safe ``view_copy`` lowering, then the configured symbolic-shape
-    evaluation pass (upper bounds for memory planning)."""
+    """Run the layout-safe ``view_copy`` lowering, then (for the stock kernels) the
+    dim-order legalization, then the configured symbolic-shape evaluation pass (upper
+    bounds for memory planning)."""
 
-    def __init__(self, view_copy_pass: LayoutSafeViewCopyPass, sym_shape_eval_pass: PassType):
+    def __init__(
+        self,
+        view_copy_pass: LayoutSafeViewCopyPass,
+        sym_shape_eval_pass: PassType,
+        legalize_pass: LegalizeDimOrdersPass | None = None,
+    ):
         super().__init__()
         self.view_copy_pass = view_copy_pass
+        self.legalize_pass = legalize_pass
         self.sym_shape_eval_pass = sym_shape_eval_pass
 
     def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        first = self.view_copy_pass(graph_module)
-        second = self.sym_shape_eval_pass(first.graph_module)
-        return PassResult(second.graph_module, first.modified or bool(second.modified))
+        result = self.view_copy_pass(graph_module)
+        modified = result.modified
+        if self.legalize_pass is not None:
+            result = self.legalize_pass(result.graph_module)
+            modified = modified or result.modified
+        second = self.sym_shape_eval_pass(result.graph_module)
+        return PassResult(second.graph_module, modified or bool(second.modified))
 
 
 class _PerMethodPasses(dict):
@@ -66,8 +79,9 @@ def backend_config(
             ``memory.view`` where possible, but only where the view is a pure
             reinterpretation of its base's memory (default dim order, dense).
         legalize_for_stock_kernels: convert a non-default-dim-order input of a kept
-            ``view_copy`` to the default dim order first, which the stock runtime's kernels
-            need. Pass False for programs that run on etmetal's runtime.
+            ``view_copy`` to the default dim order first, and give every operator's tensors
+            dim orders its stock portable kernel accepts (``LegalizeDimOrdersPass``), which
+            the stock runtime needs. Pass False for programs that run on etmetal's runtime.
         **kwargs: any other ``ExecutorchBackendConfig`` field. A ``sym_shape_eval_pass``
             given here (one pass or a per-method dict) still runs, after the lowering.
     """
@@ -75,8 +89,10 @@ def backend_config(
         replace_views=remove_view_copy, legalize_for_stock_kernels=legalize_for_stock_kernels
     )
 
+    legalize_pass = LegalizeDimOrdersPass() if legalize_for_stock_kernels else None
+
     def wrap(sym_shape_eval_pass: PassType) -> ViewCopyThenSymShapeEval:
-        return ViewCopyThenSymShapeEval(view_copy_pass, sym_shape_eval_pass)
+        return ViewCopyThenSymShapeEval(view_copy_pass, sym_shape_eval_pass, legalize_pass)
 
     sym_shape_eval = kwargs.pop("sym_shape_eval_pass", None)
     if sym_shape_eval is None:

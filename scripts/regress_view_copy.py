@@ -21,9 +21,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"only this model (repeatable): {', '.join(c.name for c in CASES)}",
     )
+    parser.add_argument(
+        "--generated",
+        type=int,
+        metavar="N",
+        help="instead of the named cases, the first N seeded random layout programs "
+        "(etmetal.testing.layout_programs): counts per lowering",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of --generated (default 0)")
+    parser.add_argument(
+        "--progress", action="store_true", help="with --generated: a line per program on stderr"
+    )
+
+
+def run_generated(args: argparse.Namespace) -> int:
+    from etmetal.testing.layout_property import format_property_table, run_property
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = run_property(
+        args.generated, seed=args.seed, progress=progress if args.progress else None
+    )
+    print(format_property_table(result))
+    return 0 if result.ok else 1
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "generated", None) is not None:
+        return run_generated(args)
     try:
         cases = [get_case(name) for name in args.case] if args.case else CASES
     except KeyError as exc:
