@@ -213,3 +213,20 @@ def check_undefined_symbols(so: Path) -> list[tuple[str, str]]:
             "or CUDA dependency leaked into the Metal wrapper)"
         )
     return symbols
+
+
+def host_can_compile() -> tuple[bool, str]:
+    """Whether this host can build the emulated Metal target: Inductor's mps codegen, the
+    Metal headers the wrapper includes, and a C++ compiler for the wrapper."""
+    try:
+        import torch._inductor.codegen.mps  # noqa: F401  (the Metal code generator)
+    except Exception as exc:  # an old torch or a broken install
+        return False, f"Inductor's mps code generation is not importable ({exc})"
+    include = Path(torch.__file__).parent / "include"
+    for header in ("ATen/native/mps/MetalShaderLibrary.h", "c10/metal/utils.h"):
+        if not (include / header).exists():
+            return False, f"torch's headers lack {header}"
+    cxx = compiler()
+    if cxx is None:
+        return False, "no C++ compiler (g++ or $CXX) to build the Metal wrapper"
+    return True, f"Inductor mps codegen, wrapper built with {cxx}"

@@ -27,16 +27,14 @@ from etmetal.common.fallbacks import FALLBACKS, fallback_shims
 
 from .edge_ops import aten_overload
 from .passes.replace_view_copy_with_view import VIEW_OF_COPY
-from .targets import MPS, MPS_EMULATED, device_of
+from .targets import device_of
 
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
-# Fallback shims each target's runtime implements (the names the .so imports);
-# mps_emulated predicts exactly what a Mac's Metal runtime needs
+# Fallback shims each target's runtime implements (the names the .so imports)
 SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {t: fallback_shims(t) for t in FALLBACKS}
-SUPPORTED_FALLBACKS[MPS_EMULATED] = SUPPORTED_FALLBACKS[MPS]
 
 # Inductor lowerings that always emit an extern call (no generated kernel) unless
 # autotuning picks a template; the suffix of the shim each one calls.

@@ -45,6 +45,8 @@ FALLBACKS: dict[str, tuple[str, frozenset[str]]] = {
         },
     ),
 }
+# the emulated Metal device predicts (and serves) exactly what a Mac's Metal runtime has
+FALLBACKS["mps_emulated"] = FALLBACKS["mps"]
 
 
 def shim_name(device: str, op: str) -> str:

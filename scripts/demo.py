@@ -186,9 +186,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"unknown demo model(s) {unknown}; choose from {', '.join(DEMO_MODELS_BY_NAME)}")
         return 2
     if args.target == "mps_emulated":
-        from etmetal.scripts.doctor import mps_emulated_compile, mps_emulated_run
+        from etmetal.backends.mps_emulated_compile import host_can_compile
+        from etmetal.scripts.doctor import mps_emulated_run
 
-        for what, (ok, why) in (("build", mps_emulated_compile()), ("run", mps_emulated_run())):
+        for what, (ok, why) in (("build", host_can_compile()), ("run", mps_emulated_run())):
             if not ok:
                 print(f"etmetal demo --target mps_emulated: this host cannot {what} it: {why}")
                 return 2

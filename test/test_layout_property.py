@@ -69,12 +69,9 @@ def test_generated_module_matches_its_description_shapes():
 
 
 def test_cli_generated_mode_prints_the_table(capsys):
-    import argparse
+    from etmetal.scripts.cli import main as cli
 
-    from etmetal.scripts import regress_view_copy as regress
-
-    args = argparse.Namespace(generated=2, seed=SEED, progress=False, json=False, case=None)
-    assert regress.run(args) == 0
+    assert cli(["regress", "view-copy", "--generated", "2", "--seed", str(SEED)]) == 0
     out = capsys.readouterr().out
     header, _, stock, mine, *rest = out.splitlines()
     assert header.split()[:3] == ["lowering", "correct", "wrong"]
