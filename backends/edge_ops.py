@@ -15,3 +15,16 @@ def aten_overload(target: Any) -> Any:
         return target
     inner = getattr(target, "_op", None)
     return inner if isinstance(inner, torch._ops.OpOverload) else target
+
+
+MISSING = object()  # schema_argument_value: the node passes nothing for the argument
+
+
+def schema_argument_value(node: torch.fx.Node, index: int, argument: Any) -> Any:
+    """The value ``node`` passes for its schema's ``index``-th ``argument`` (by keyword or
+    position), or ``MISSING`` when it passes none (the default applies)."""
+    if argument.name in node.kwargs:
+        return node.kwargs[argument.name]
+    if index < len(node.args) and not argument.kwarg_only:
+        return node.args[index]
+    return MISSING

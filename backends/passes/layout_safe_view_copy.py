@@ -42,6 +42,8 @@ from executorch.exir.tensor import TensorSpec
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
+from ..edge_ops import MISSING, schema_argument_value
+
 logger: logging.Logger = logging.getLogger(__name__)
 
 _VIEW_COPY_TARGETS = (torch.ops.aten.view_copy.default, exir_ops.edge.aten.view_copy.default)
@@ -142,11 +144,8 @@ def _written_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
         for index, argument in enumerate(schema.arguments):
             if argument.alias_info is None or not argument.alias_info.is_write:
                 continue
-            if argument.name in node.kwargs:
-                value = node.kwargs[argument.name]
-            elif index < len(node.args) and not argument.kwarg_only:
-                value = node.args[index]
-            else:
+            value = schema_argument_value(node, index, argument)
+            if value is MISSING:
                 continue
             written.update(_flat_nodes(value))
     return written

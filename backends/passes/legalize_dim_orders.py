@@ -36,7 +36,7 @@ from executorch.exir import memory
 from executorch.exir.tensor import TensorSpec
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from ..edge_ops import aten_overload
+from ..edge_ops import MISSING, aten_overload, schema_argument_value
 from .dim_order_layouts import (
     CHANNELS_LAST,
     CONTIGUOUS,
@@ -144,11 +144,8 @@ class LegalizeDimOrdersPass(PassBase):
         schema = aten_overload(node.target)._schema
         found = []
         for index, arg in enumerate(schema.arguments):
-            if arg.name in node.kwargs:
-                value = node.kwargs[arg.name]
-            elif index < len(node.args) and not arg.kwarg_only:
-                value = node.args[index]
-            else:
+            value = schema_argument_value(node, index, arg)
+            if value is MISSING:
                 continue
             values = value if isinstance(value, (list, tuple)) else [value]
             for item in values:
