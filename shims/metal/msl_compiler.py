@@ -172,6 +172,9 @@ def source_key(source: str) -> str:
     text = "|".join([str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())])
     h = hashlib.sha256(text.encode())
     h.update(_header_text().encode())
+    # a library links the dispatcher by path: one built against another dispatcher build
+    # (another cache format, say) would load a second copy with its own fiber state
+    h.update(str(dispatcher_path()).encode())
     for name in ("msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py"):  # what shapes the build
         h.update((HERE / name).read_bytes())
     h.update(b"\0" + source.encode())
