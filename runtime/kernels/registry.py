@@ -41,7 +41,7 @@ Kernel = Callable[..., object]
 Resolver = Callable[[str], "Kernel | None"]
 
 ENTRY_POINT_GROUP = "executorch.runtime.kernels"
-BUILTIN_FAMILIES = ("aten", "prim", "dim_order", "quantized", "view_copy", "cortex_m")
+BUILTIN_FAMILIES = ("aten", "prim", "dim_order", "quantized", "view_copy", "max_pool", "cortex_m")
 # families that may be absent from a build (another engineer's module)
 OPTIONAL_FAMILIES = frozenset({"cortex_m"})
 
