@@ -30,25 +30,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of --generated (default 0)")
     parser.add_argument(
+        "--program",
+        action="append",
+        metavar="NAME",
+        help="only this generated program, e.g. gen0-190 (repeatable; implies --generated)",
+    )
+    parser.add_argument(
         "--progress", action="store_true", help="with --generated: a line per program on stderr"
     )
 
 
 def run_generated(args: argparse.Namespace) -> int:
+    from etmetal.testing.layout_programs import program_named
     from etmetal.testing.layout_property import format_property_table, run_property
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    try:
+        programs = [program_named(name) for name in args.program] if args.program else None
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     result = run_property(
-        args.generated, seed=args.seed, progress=progress if args.progress else None
+        args.generated or 0,
+        seed=args.seed,
+        progress=progress if args.progress else None,
+        programs=programs,
     )
     print(format_property_table(result))
     return 0 if result.ok else 1
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "generated", None) is not None:
+    if getattr(args, "generated", None) is not None or getattr(args, "program", None):
         return run_generated(args)
     try:
         cases = [get_case(name) for name in args.case] if args.case else CASES

@@ -48,12 +48,24 @@ def _step(kind: str, **params: Any) -> Step:
     return Step(kind, tuple(params.items()))
 
 
+def one_pass_layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """Layer norm with the variance taken as E[x^2] - E[x]^2, the arithmetic of ExecuTorch's
+    portable ``native_layer_norm`` kernel (eager takes it around the mean). When the mean
+    is large against the spread of a short row, that difference cancels and float32 loses
+    digits eager keeps: this reference says how many (``layout_property``)."""
+    n = x.shape[-1]
+    mean = x.sum(-1, keepdim=True) / n
+    variance = (x * x).sum(-1, keepdim=True) / n - mean * mean
+    return (x - mean) / torch.sqrt(variance + norm.eps) * norm.weight + norm.bias
+
+
 class LayoutProgram(nn.Module):
     """Runs the steps of a generated program; submodules are made when built."""
 
-    def __init__(self, steps: list[Step], shape: Shape) -> None:
+    def __init__(self, steps: list[Step], shape: Shape, portable_layer_norm: bool = False) -> None:
         super().__init__()
         self.steps = steps
+        self.portable_layer_norm = portable_layer_norm
         self.layers = nn.ModuleDict()
         self.params = nn.ParameterDict()
         n, c, h, w = shape
@@ -96,12 +108,16 @@ class LayoutProgram(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Any:
         for index, step in enumerate(self.steps):
-            x = self._apply(str(index), step, x)
+            x = self.run_step(str(index), step, x)
         return x
 
-    def _apply(self, key: str, step: Step, x: torch.Tensor) -> Any:
+    def run_step(self, key: str, step: Step, x: torch.Tensor) -> Any:
+        """One step. (Not ``_apply``: that name is ``nn.Module``'s own, which ``.double()``
+        and ``.to()`` call; shadowing it broke them.)"""
         kind, get = step.kind, step.get
         n, c, h, w = x.shape if x.dim() == 4 else (0, 0, 0, 0)
+        if kind == "layer_norm" and self.portable_layer_norm:
+            return one_pass_layer_norm(self.layers[key], x)
         if kind in ("conv", "batch_norm", "group_norm", "layer_norm"):
             return self.layers[key](x)
         if kind == "relu":
@@ -184,14 +200,20 @@ class GeneratedProgram:
     input_channels_last: bool
     dynamic_shapes: Any = None
     description: str = field(default="")
+    # float64: the same program (same float32-drawn values, widened), for telling rounding
+    # from a layout bug (see ``layout_property``)
+    dtype: torch.dtype = torch.float32
 
-    def module(self) -> nn.Module:
+    def module(self, portable_layer_norm: bool = False) -> nn.Module:
+        """The program; ``portable_layer_norm``: its layer norms computed the way the
+        portable kernel does (:func:`one_pass_layer_norm`), same weights."""
         torch.manual_seed(self.seed)
-        return LayoutProgram(self.steps, self.input_shape).eval()
+        program = LayoutProgram(self.steps, self.input_shape, portable_layer_norm)
+        return program.eval().to(self.dtype)
 
     def _input(self, offset: int) -> tuple[torch.Tensor, ...]:
         torch.manual_seed(self.seed + offset)
-        x = torch.randn(*self.input_shape)
+        x = torch.randn(*self.input_shape).to(self.dtype)
         return (x.to(memory_format=CL) if self.input_channels_last else x,)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
@@ -344,6 +366,14 @@ def generated_program(seed: int, index: int) -> GeneratedProgram:
     layout = "cl" if program.input_channels_last else "contiguous"
     program.description = f"in{list(input_shape)} {layout}: " + " -> ".join(map(str, steps))
     return program
+
+
+def program_named(name: str) -> GeneratedProgram:
+    """The program a name like ``gen0-190`` (seed 0, index 190) names."""
+    seed, sep, index = name.removeprefix("gen").partition("-")
+    if not (name.startswith("gen") and sep and seed.isdigit() and index.isdigit()):
+        raise ValueError(f"{name!r} is not a generated program name (gen<seed>-<index>)")
+    return generated_program(int(seed), int(index))
 
 
 def generated_programs(count: int, seed: int = 0) -> list[GeneratedProgram]:

@@ -3,16 +3,31 @@ four ``_skip_dim_order`` x ``remove_view_copy`` configurations, with the stock
 ``ExecutorchBackendConfig`` and with ``etmetal.backend_config()``, run on ExecuTorch's own
 runtime and compared with eager.
 
-Every cell gets one status: ``correct`` (|err| <= 1e-5 of the eager output's scale),
-``wrong``, ``runtime error``, ``refused`` (lowering raised a named layout error) or
+Every cell gets one status: ``correct`` (|err| <= 1e-5 of the eager output's scale, or
+within the portable kernels' own rounding, below), ``wrong``, ``runtime error``, ``refused`` (lowering raised a named layout error) or
 ``lowering error`` (anything else raised while lowering: a bug for etmetal). The property
 holds when no etmetal cell is wrong, a runtime error or a lowering error, and programs in
 the default dim order everywhere come out of etmetal's lowering with no conversion added
 and every view the stock lowering makes.
+
+The rounding rule. The stock runtime's result is computed by the portable kernels, and one
+of them is less exact than eager float32: ``native_layer_norm`` takes the variance as
+E[x^2] - E[x]^2 in float32, which cancels when a short row (the generator's layer norms run
+over a last dim 2-8 wide) has a mean large against its spread. Eager float32 stays within
+~1e-6 of float64 there; the kernel's arithmetic can be 1e-4 away whatever the layout. So a
+cell of a program with a layer norm that misses 1e-5 against eager is judged once more,
+against eager in float64: it is ``correct`` when its error from float64 is at most
+``max(1e-5, 2 * d)``, where ``d`` is how far eager float32 *computing its layer norms the
+kernel's way* (``layout_programs.one_pass_layer_norm``) is from float64 -- the rounding that
+arithmetic itself makes on this program and input. The bar never loosens for programs
+without a layer norm, nor past twice that measured rounding; a layout bug moves whole
+elements (errors of the outputs' own scale), far above it
+(``test_layout_property.py`` checks a wrong permutation is still ``wrong``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from collections import Counter
@@ -22,7 +37,7 @@ from typing import Any
 
 import torch
 
-from etmetal.testing.layout_programs import GeneratedProgram, generated_program
+from etmetal.testing.layout_programs import GeneratedProgram, generated_programs
 from etmetal.testing.view_copy_matrix import (
     count_view_ops,
     eager_outputs,
@@ -34,6 +49,7 @@ from etmetal.testing.view_copy_matrix import (
 )
 
 TOLERANCE = 1e-5
+ROUNDING_FACTOR = 2.0  # the rounding rule's bar: this times the kernel arithmetic's own error
 STATUSES = ("correct", "wrong", "runtime error", "refused", "lowering error")
 LOWERINGS = ("stock", "etmetal")
 CONFIGS = tuple(itertools.product((False, True), (False, True)))  # skip_dim_order, remove_vc
@@ -78,6 +94,52 @@ def conversions_added(edge_graph: torch.fx.Graph, manager: Any) -> int:
     return emitted - existing
 
 
+@dataclass
+class RoundingReference:
+    """What the rounding rule compares with: eager in float64, and the bar (scaled error
+    from it) that the portable kernels' arithmetic itself reaches on this program."""
+
+    float64: list[torch.Tensor]
+    bar: float
+
+
+def rounding_reference(
+    program: GeneratedProgram, inputs: Sequence[torch.Tensor]
+) -> RoundingReference | None:
+    """The rounding rule's reference, or None when it does not apply (no layer norm)."""
+    if not any(step.kind == "layer_norm" for step in program.steps):
+        return None
+    wide = dataclasses.replace(program, dtype=torch.float64)
+    with torch.no_grad():
+        exact = _as_list(wide.module()(*[t.double() for t in inputs]))
+        kernel_way = _as_list(program.module(portable_layer_norm=True)(*inputs))
+    own_error = scaled_error(kernel_way, exact)
+    return RoundingReference(exact, max(TOLERANCE, ROUNDING_FACTOR * own_error))
+
+
+def judge(
+    outputs: Sequence[torch.Tensor],
+    expected: Sequence[torch.Tensor],
+    reference: Callable[[], RoundingReference | None],
+) -> tuple[str, str]:
+    """(status, detail) of one run's outputs: within 1e-5 of eager, or else within the
+    rounding rule's bar (``reference`` is called only then)."""
+    error = scaled_error(outputs, expected)
+    if error <= TOLERANCE:
+        return "correct", ""
+    detail = f"scaled |err| {error:.3g}"
+    rounding = reference()
+    if rounding is None:
+        return "wrong", detail
+    wide_error = scaled_error([t.double() for t in outputs], rounding.float64)
+    detail += f"; vs float64 {wide_error:.3g}, kernel-rounding bar {rounding.bar:.3g}"
+    return ("correct" if wide_error <= rounding.bar else "wrong"), detail
+
+
+def _as_list(out: Any) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
 def _is_named_refusal(exc: BaseException) -> bool:
     from etmetal.backends.passes.layout_safe_view_copy import LayoutSafeViewCopyError
 
@@ -93,6 +155,13 @@ def check_program(program: GeneratedProgram) -> list[Cell] | str:
         exported = program.export()
     except Exception as exc:  # not a program eager and export run: not in the property
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+    computed: list[RoundingReference | None] = []
+
+    def reference() -> RoundingReference | None:  # computed once, when first needed
+        if not computed:
+            computed.append(rounding_reference(program, inputs))
+        return computed[0]
+
     cells = []
     for skip in (False, True):
         edge = to_edge_for(exported, skip_dim_order=skip)
@@ -111,12 +180,9 @@ def check_program(program: GeneratedProgram) -> list[Cell] | str:
             cell.views = count_view_ops(manager)
             try:
                 outputs = run_on_stock_runtime(manager.buffer, inputs)
-                error = scaled_error(outputs, expected)
+                cell.status, cell.detail = judge(outputs, expected, reference)
             except (RuntimeError, ValueError) as exc:
                 cell.status, cell.detail = "runtime error", str(exc)
-                continue
-            if not error <= TOLERANCE:
-                cell.status, cell.detail = "wrong", f"scaled |err| {error:.3g}"
     return cells
 
 
@@ -157,11 +223,16 @@ class PropertyRun:
 
 
 def run_property(
-    count: int, seed: int = 0, progress: Callable[[str], None] | None = None
+    count: int,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    programs: Sequence[GeneratedProgram] | None = None,
 ) -> PropertyRun:
+    """The first ``count`` programs of sequence ``seed``, or exactly ``programs``."""
     run = PropertyRun([], {}, [], {})
-    for index in range(count):
-        program = generated_program(seed, index)
+    chosen = list(programs) if programs is not None else generated_programs(count, seed)
+    count = len(chosen)
+    for index, program in enumerate(chosen):
         run.descriptions[program.name] = program.description
         result = check_program(program)
         if isinstance(result, str):
