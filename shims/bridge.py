@@ -26,11 +26,14 @@ from pathlib import Path
 
 from . import abi, core, fallbacks, getters, native_tensors, state  # noqa: F401 - registers shims
 from .dtypes import constant_shims
+from .metal import mps_device, mps_kernels, mps_native  # noqa: F401 - the emulated Metal device
 from .native import NativeBuildError, build_shared, cache_root
 from .registry import SHIMS
 from .state import record_error
 
 CHECK_SHIM = "aoti_torch_check"
+
+mps_device.register_mps_device()
 
 
 class BridgeError(RuntimeError):
@@ -75,7 +78,7 @@ _NATIVE_BODIES = {
 
 
 def _native_path(decl: abi.Decl) -> str:
-    served = native_tensors.NATIVE_PATHS.get(decl.name)
+    served = native_tensors.NATIVE_PATHS.get(decl.name) or mps_native.NATIVE_PATHS.get(decl.name)
     if served is not None:
         return served
     body = _NATIVE_BODIES.get(decl.name)
@@ -123,6 +126,7 @@ _HEADER = (
     "#include <cstdint>\n#include <cstddef>\n#include <cstdio>\n#include <stdexcept>\n"
     "#include <string>\n"
     + native_tensors.INCLUDES
+    + mps_native.INCLUDES
     + '#define ETM_EXPORT __attribute__((visibility("default")))\n'
     + 'extern "C" {\n'
 )
@@ -144,7 +148,7 @@ _CHECK = """ETM_EXPORT void aoti_torch_check(bool cond, const char* func, const 
 }
 """
 
-_PRELUDE = _HEADER + _GLOBALS + native_tensors.c_source() + _CHECK
+_PRELUDE = _HEADER + _GLOBALS + native_tensors.c_source() + _CHECK + mps_native.c_source()
 
 
 def forwarded_decls() -> list[abi.Decl]:
@@ -229,7 +233,12 @@ class Bridge:
             slot.value = ctypes.cast(cb, ctypes.c_void_p).value
             self.forwarded[decl.name] = decl
         self.constants = {n: v for n, v in constant_shims().items() if hasattr(self.lib, n)}
-        self.exported = frozenset(self.forwarded) | frozenset(self.constants) | {CHECK_SHIM}
+        self.exported = (
+            frozenset(self.forwarded)
+            | frozenset(self.constants)
+            | {CHECK_SHIM}
+            | mps_native.NATIVE_ONLY
+        )
         self._functions: dict[str, ctypes._CFuncPtr] = {}
         count = ctypes.c_int64.in_dll(self.lib, "etm_nrec").value
         python_half = ctypes.c_int64.in_dll(self.lib, "etm_npy").value

@@ -13,9 +13,13 @@ import torch
 
 from . import state
 from .bridge import Bridge, BridgeError, load_bridge
+from .dtypes import DEVICE_CODES
 from .native import NativeBuildError, link_wrapper, undefined_symbols
 from .steady_run import SteadyRun
 from .storage import HOST_ALLOCATOR, ShimError, Storage, Tensor, tensor_from_torch
+
+# devices a model container can be created for (the device string AOTI parses)
+DEVICES = {"cpu": DEVICE_CODES["cpu"], "mps": DEVICE_CODES["mps"]}
 
 
 class AotiModelError(RuntimeError):
@@ -51,6 +55,9 @@ class AotiModel:
     become tensors borrowing it, so it is kept alive until ``close()``. ``materialize``
     picks the ``_reinterpret_tensor`` behaviour for this model's calls ("view", the
     default, or "seed", upstream's always-copy behaviour, for comparison only).
+    ``device`` is the device the ``.so`` was compiled for: ``"cpu"`` (the ``host`` target)
+    or ``"mps"`` (the ``mps_emulated`` target: inputs are lent as ``mps`` tensors and the
+    ``.so`` runs its Metal kernels on the emulated device).
     ``check_inputs`` turns on the ``.so``'s own check of every input's dtype, sizes,
     strides and device (AOTI_RUNTIME_CHECK_INPUTS, read by the ``.so`` on its first
     run): a mismatched input is then an error, not an out-of-bounds read.
@@ -63,9 +70,14 @@ class AotiModel:
         *,
         materialize: str = "view",
         check_inputs: bool = True,
+        device: str = "cpu",
     ) -> None:
         if materialize not in state.MATERIALIZE_MODES:
             raise ValueError(f"materialize must be one of {state.MATERIALIZE_MODES}")
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
+        self.device = device
+        self._device_type = DEVICES[device]
         self.so_path = Path(so_path)
         self.materialize = materialize
         self.check_inputs = check_inputs
@@ -108,7 +120,13 @@ class AotiModel:
         with state.RUN_LOCK:
             previous = state.set_materialize(self.materialize)
             try:
+                state.FLAGS.unchecked_error = ""
                 self._create()
+                try:
+                    self._raise_unchecked("loading the model")
+                except BaseException:
+                    self.close()
+                    raise
             finally:
                 state.set_materialize(previous)
 
@@ -157,7 +175,9 @@ class AotiModel:
         handle = ctypes.c_void_p()
         lib = self._lib
         self._check(
-            lib.AOTInductorModelContainerCreateWithDevice(ctypes.byref(handle), 1, b"cpu", None),
+            lib.AOTInductorModelContainerCreateWithDevice(
+                ctypes.byref(handle), 1, self.device.encode(), None
+            ),
             "creating the model container",
         )
         self._container = handle
@@ -167,11 +187,16 @@ class AotiModel:
             self._in_arr = (ctypes.c_void_p * max(self.num_inputs, 1))()
             self._out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
             self._input_cache: dict[tuple, Tensor] = {}
-            self._steady = SteadyRun(
-                ctypes.cast(self._run_fn, ctypes.c_void_p).value,
-                handle.value,
-                self.num_inputs,
-                self.num_outputs,
+            # the one-call steady run lends host inputs only; other devices run the general way
+            self._steady = (
+                SteadyRun(
+                    ctypes.cast(self._run_fn, ctypes.c_void_p).value,
+                    handle.value,
+                    self.num_inputs,
+                    self.num_outputs,
+                )
+                if self.device == "cpu"
+                else None
             )
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
             if num_constants:
@@ -211,7 +236,9 @@ class AotiModel:
         if desc is None:
             if not t.is_cpu:
                 raise AotiModelError(f"input {i}: expected a cpu torch.Tensor, got {t!r:.80}")
-            storage = Storage(untyped.data_ptr(), untyped.nbytes(), owned=False)
+            storage = Storage(
+                untyped.data_ptr(), untyped.nbytes(), owned=False, device_type=self._device_type
+            )
             try:
                 desc = tensor_from_torch(t, storage)
             except ShimError as exc:
@@ -314,10 +341,23 @@ class AotiModel:
             if self._container is None:
                 raise AotiModelError(f"{self.so_path.name}: model is closed")
             previous = state.set_materialize(self.materialize)
+            state.FLAGS.unchecked_error = ""
             try:
-                return self._run_locked(inputs, outputs, None)
+                results = self._run_locked(inputs, outputs, None)
             finally:
                 state.set_materialize(previous)
+            self._raise_unchecked("run")
+            return results
+
+    def _raise_unchecked(self, step: str) -> None:
+        """Fail ``step`` if a shim whose return code the ``.so`` ignores failed during it
+        (the Metal wrapper never checks its ``aoti_torch_mps_*`` kernel calls)."""
+        message, state.FLAGS.unchecked_error = state.FLAGS.unchecked_error, ""
+        if message:
+            raise AotiModelError(
+                f"{self.so_path.name}: {step} failed: a shim call the .so does not check "
+                f"failed: {message}"
+            )
 
     def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""

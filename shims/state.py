@@ -38,6 +38,9 @@ class _Flags:
     materialize = "view"
     last_error = ""
     errors = 0
+    # a failed shim whose caller ignores return codes (the Metal wrapper's mps calls):
+    # the run that made it must fail with this message (AotiModel checks it)
+    unchecked_error = ""
 
 
 FLAGS = _Flags()
