@@ -1,0 +1,465 @@
+// Runs a compiled MSL kernel over a grid with Metal's execution model (see msl_abi.h).
+//
+// Threadgroups run one after another on the calling OS thread. The threads of one threadgroup
+// run as fibers: a fiber runs threads to completion one after another and only switches when a
+// thread blocks at a threadgroup_barrier or a SIMD-group operation, so a kernel that never
+// synchronises costs one call per thread. Blocking rules:
+//   - a barrier releases when every thread of the threadgroup has reached it (a thread that
+//     returns without reaching it is a deadlock, reported as an error);
+//   - a SIMD operation completes when every live lane of the 32-lane SIMD group has reached a
+//     SIMD operation; lanes that have returned are inactive (partial SIMD groups at the tail of
+//     a threadgroup simply have no such lanes);
+//   - when nothing can run any more (every live thread blocked), the lanes waiting at a SIMD
+//     operation while the rest of their SIMD group waits at a barrier took a divergent branch:
+//     their operation completes with exactly them active (c10's threadgroup reductions do this);
+//   - when nothing can run and no SIMD operation can complete, the threadgroup is deadlocked.
+// Each SIMD group exchanges values through two slot buffers used alternately: a lane writes
+// the next operation's value while its siblings may still be reading the previous result.
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <vector>
+
+#include "msl_abi.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace {
+
+constexpr uint32_t kWidth = ETM_MSL_SIMD_WIDTH;
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr uint32_t kMaxThreadsPerGroup = 1024;
+
+// ---- context switching ------------------------------------------------------------------
+#if defined(__x86_64__)
+// etm_msl_switch(save, to): saves the callee-saved registers and the stack pointer into *save,
+// then continues on the stack `to` (a stack saved the same way, or a fresh one).
+extern "C" void etm_msl_switch(void** save, void* to);
+asm(R"(
+.text
+.p2align 4
+.type etm_msl_switch,@function
+etm_msl_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size etm_msl_switch,.-etm_msl_switch
+)");
+#endif
+
+struct Fiber {
+  unsigned char* stack = nullptr;
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t ctx;
+#endif
+};
+
+struct Thread {
+  etm_msl_thread info;
+  Fiber* fiber;
+  uint8_t state;  // 0 not started, 1 running/runnable, 2 at barrier, 3 at SIMD op, 4 done
+  uint8_t result_phase;
+  uint32_t result_active;
+};
+
+struct SimdGroup {
+  uint32_t live;     // lanes that have not returned
+  uint32_t waiting;  // lanes blocked at a SIMD operation
+  uint32_t wait_mask;
+  uint32_t key;
+  bool mismatch;
+  uint8_t phase;
+  alignas(64) unsigned char slots[2][kWidth][ETM_MSL_SLOT_BYTES];
+};
+
+struct Group;
+
+struct Worker {
+  std::vector<Fiber*> fibers;  // all fibers this OS thread owns
+  std::vector<Fiber*> free_fibers;
+  Group* group = nullptr;
+  int32_t current = -1;  // index of the running thread
+  Fiber* current_fiber = nullptr;
+#if defined(__x86_64__)
+  void* sched_sp = nullptr;
+#else
+  ucontext_t sched_ctx;
+#endif
+  ~Worker() {
+    for (Fiber* f : fibers) {
+      munmap(f->stack, kStackBytes);
+      delete f;
+    }
+  }
+};
+
+thread_local Worker tls_worker;
+
+struct Group {
+  etm_msl_entry entry;
+  void* const* args;
+  uint32_t n;          // threads in this threadgroup
+  uint32_t started;    // threads handed to a fiber so far
+  uint32_t live;       // threads not returned
+  uint32_t at_barrier;
+  std::vector<Thread> threads;
+  std::vector<SimdGroup> simds;
+  std::vector<int32_t> runnable;
+  bool failed;
+  char message[512];
+};
+
+void fail(Group* g, const char* fmt, ...) {
+  if (g->failed) return;
+  g->failed = true;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g->message, sizeof g->message, fmt, ap);
+  va_end(ap);
+}
+
+// ---- fibers ------------------------------------------------------------------------------
+void switch_to_scheduler(Worker& w) {
+#if defined(__x86_64__)
+  etm_msl_switch(&w.current_fiber->sp, w.sched_sp);
+#else
+  swapcontext(&w.current_fiber->ctx, &w.sched_ctx);
+#endif
+}
+
+void resume(Worker& w, Fiber* f) {
+  w.current_fiber = f;
+#if defined(__x86_64__)
+  etm_msl_switch(&w.sched_sp, f->sp);
+#else
+  swapcontext(&w.sched_ctx, &f->ctx);
+#endif
+}
+
+void finish_thread(Group* g, int32_t t);
+
+// A fiber's life: run not-yet-started threads one after another until none is left, then go
+// back to the scheduler for good (it is re-initialised when reused).
+void fiber_main() {
+  Worker& w = tls_worker;
+  Group* g = w.group;
+  Fiber* self = w.current_fiber;
+  while (!g->failed && g->started < g->n) {
+    int32_t t = int32_t(g->started++);
+    Thread& th = g->threads[t];
+    th.state = 1;
+    th.fiber = self;
+    w.current = t;
+    g->entry(g->args, &th.info);
+    finish_thread(g, t);
+  }
+  w.free_fibers.push_back(self);
+  switch_to_scheduler(w);
+  __builtin_trap();  // never resumed
+}
+
+#if defined(__x86_64__)
+extern "C" void etm_msl_fiber_start() { fiber_main(); }
+#endif
+
+Fiber* new_fiber(Worker& w) {
+  Fiber* f;
+  if (!w.free_fibers.empty()) {
+    f = w.free_fibers.back();
+    w.free_fibers.pop_back();
+  } else {
+    void* mem = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return nullptr;
+    mprotect(mem, 4096, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
+    f = new Fiber;
+    f->stack = static_cast<unsigned char*>(mem);
+    w.fibers.push_back(f);
+  }
+#if defined(__x86_64__)
+  // A fresh stack as etm_msl_switch leaves one: six saved registers, then the return address
+  // (the fiber entry); entry sees a 16-byte aligned stack minus the return address slot.
+  uintptr_t top = (uintptr_t(f->stack) + kStackBytes) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top - 64);
+  for (int i = 0; i < 6; i++) sp[i] = nullptr;
+  sp[6] = reinterpret_cast<void*>(&etm_msl_fiber_start);
+  sp[7] = nullptr;
+  f->sp = sp;
+#else
+  getcontext(&f->ctx);
+  f->ctx.uc_stack.ss_sp = f->stack;
+  f->ctx.uc_stack.ss_size = kStackBytes;
+  f->ctx.uc_link = nullptr;
+  makecontext(&f->ctx, fiber_main, 0);
+#endif
+  return f;
+}
+
+// ---- synchronisation ---------------------------------------------------------------------
+void make_runnable(Group* g, int32_t t) {
+  g->threads[t].state = 1;
+  g->runnable.push_back(t);
+}
+
+// Completes the pending operation of SIMD group `s` with the lanes waiting at it.
+void complete_simd(Group* g, uint32_t s, int32_t self) {
+  SimdGroup& sg = g->simds[s];
+  if (sg.mismatch) {
+    fail(g, "divergent SIMD-group operations: lanes of SIMD group %u wait at different "
+            "operations (lanes 0x%08x)", s, sg.wait_mask);
+    return;
+  }
+  const uint32_t base = s * kWidth;
+  for (uint32_t l = 0; l < kWidth; l++) {
+    if (!((sg.wait_mask >> l) & 1u)) continue;
+    Thread& th = g->threads[base + l];
+    th.result_phase = sg.phase;
+    th.result_active = sg.wait_mask;
+    if (int32_t(base + l) != self) make_runnable(g, int32_t(base + l));
+  }
+  sg.phase ^= 1;
+  sg.waiting = 0;
+  sg.wait_mask = 0;
+  sg.mismatch = false;
+}
+
+void release_barrier(Group* g, int32_t self) {
+  for (uint32_t t = 0; t < g->n; t++)
+    if (g->threads[t].state == 2 && int32_t(t) != self) make_runnable(g, int32_t(t));
+  g->at_barrier = 0;
+}
+
+void finish_thread(Group* g, int32_t t) {
+  Thread& th = g->threads[t];
+  th.state = 4;
+  g->live--;
+  SimdGroup& sg = g->simds[th.info.simd_index];
+  sg.live--;
+  if (sg.waiting && sg.waiting == sg.live) complete_simd(g, th.info.simd_index, -1);
+}
+
+// Called when nothing can run: complete divergent SIMD operations, or report the deadlock.
+bool resolve_stall(Group* g) {
+  bool progress = false;
+  for (uint32_t s = 0; s < g->simds.size() && !g->failed; s++) {
+    if (g->simds[s].waiting) {
+      complete_simd(g, s, -1);
+      progress = true;
+    }
+  }
+  if (progress || g->failed) return progress;
+  const uint32_t done = g->n - g->live;
+  fail(g, "deadlock: %u of %u threads wait at threadgroup_barrier and %u returned without "
+          "reaching it (every thread of a threadgroup must reach each barrier)",
+       g->at_barrier, g->n, done);
+  return false;
+}
+
+void block(Worker& w) {
+  switch_to_scheduler(w);
+}
+
+// ---- the grid ------------------------------------------------------------------------------
+int run_group(Worker& w, Group* g) {
+  w.group = g;
+  while (g->live > 0 && !g->failed) {
+    if (!g->runnable.empty()) {
+      int32_t t = g->runnable.back();
+      g->runnable.pop_back();
+      w.current = t;
+      resume(w, g->threads[t].fiber);
+    } else if (g->started < g->n) {
+      Fiber* f = new_fiber(w);
+      if (!f) {
+        fail(g, "cannot allocate a fiber stack (%s)", strerror(errno));
+        break;
+      }
+      resume(w, f);
+    } else {
+      resolve_stall(g);
+    }
+  }
+  if (g->failed) {
+    // Fibers of blocked threads are abandoned mid-kernel; their stacks are reused.
+    w.free_fibers.clear();
+    for (Fiber* f : w.fibers) w.free_fibers.push_back(f);
+  }
+  w.group = nullptr;
+  return g->failed ? 1 : 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int etm_msl_abi_version(void) { return ETM_MSL_ABI_VERSION; }
+
+void etm_msl_threadgroup_barrier(void) {
+  Worker& w = tls_worker;
+  Group* g = w.group;
+  int32_t self = w.current;
+  g->threads[self].state = 2;
+  g->at_barrier++;
+  if (g->at_barrier == g->n) {
+    g->threads[self].state = 1;
+    release_barrier(g, self);
+    return;
+  }
+  block(w);
+  w.current = self;
+}
+
+// After a failure the scheduler stops resuming threads; a thread that notices it parks here.
+static void park_if_failed(Worker& w) {
+  if (w.group->failed) {
+    block(w);
+    __builtin_trap();  // never resumed
+  }
+}
+
+etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_t key) {
+  Worker& w = tls_worker;
+  Group* g = w.group;
+  int32_t self = w.current;
+  Thread& th = g->threads[self];
+  const uint32_t s = th.info.simd_index, lane = th.info.lane;
+  SimdGroup& sg = g->simds[s];
+  memcpy(sg.slots[sg.phase][lane], value, size);
+  if (sg.waiting == 0)
+    sg.key = key;
+  else if (sg.key != key)
+    sg.mismatch = true;
+  sg.waiting++;
+  sg.wait_mask |= 1u << lane;
+  th.state = 3;
+  if (sg.waiting == sg.live) {
+    th.state = 1;
+    complete_simd(g, s, self);
+    park_if_failed(w);
+  } else {
+    block(w);
+    w.current = self;
+  }
+  etm_msl_exchange e;
+  e.slots = &g->simds[s].slots[th.result_phase][0][0];
+  e.active = th.result_active;
+  e.lane = lane;
+  return e;
+}
+
+int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,
+                     const uint64_t* group, char* err, uint64_t err_len) {
+  Worker& w = tls_worker;
+  if (w.group != nullptr) {
+    snprintf(err, err_len, "dispatch from inside a running kernel");
+    return 1;
+  }
+  uint64_t total = 1, per_group = 1;
+  for (int d = 0; d < 3; d++) {
+    if (group[d] == 0) {
+      snprintf(err, err_len, "threadgroup size is 0 in dimension %d", d);
+      return 1;
+    }
+    total *= threads[d];
+    per_group *= group[d];
+  }
+  if (per_group > kMaxThreadsPerGroup) {
+    snprintf(err, err_len, "threadgroup of %llu threads exceeds Metal's limit of %u",
+             (unsigned long long)per_group, kMaxThreadsPerGroup);
+    return 1;
+  }
+  if (total == 0) return 0;
+  for (int d = 0; d < 3; d++) {
+    if (threads[d] > 0xffffffffull) {
+      snprintf(err, err_len, "grid size %llu in dimension %d exceeds 2^32-1",
+               (unsigned long long)threads[d], d);
+      return 1;
+    }
+  }
+  uint32_t groups[3];
+  for (int d = 0; d < 3; d++) groups[d] = uint32_t((threads[d] + group[d] - 1) / group[d]);
+
+  Group g;
+  g.entry = entry;
+  g.args = args;
+  g.threads.resize(per_group);
+  g.simds.resize((per_group + kWidth - 1) / kWidth);
+  g.runnable.reserve(per_group);
+  for (uint32_t gz = 0; gz < groups[2]; gz++)
+    for (uint32_t gy = 0; gy < groups[1]; gy++)
+      for (uint32_t gx = 0; gx < groups[0]; gx++) {
+        const uint32_t gid[3] = {gx, gy, gz};
+        uint32_t size[3];
+        for (int d = 0; d < 3; d++) {
+          uint64_t start = uint64_t(gid[d]) * group[d];
+          size[d] = uint32_t(threads[d] - start < group[d] ? threads[d] - start : group[d]);
+        }
+        const uint32_t n = size[0] * size[1] * size[2];
+        const uint32_t nsimd = (n + kWidth - 1) / kWidth;
+        g.n = n;
+        g.started = 0;
+        g.live = n;
+        g.at_barrier = 0;
+        g.failed = false;
+        g.runnable.clear();
+        for (uint32_t s = 0; s < nsimd; s++) {
+          SimdGroup& sg = g.simds[s];
+          sg.live = (s + 1) * kWidth <= n ? kWidth : n - s * kWidth;
+          sg.waiting = 0;
+          sg.wait_mask = 0;
+          sg.key = 0;
+          sg.mismatch = false;
+          sg.phase = 0;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+          Thread& th = g.threads[i];
+          etm_msl_thread& t = th.info;
+          const uint32_t p[3] = {i % size[0], (i / size[0]) % size[1], i / (size[0] * size[1])};
+          for (int d = 0; d < 3; d++) {
+            t.tg_pos[d] = p[d];
+            t.grid_pos[d] = uint32_t(gid[d] * group[d] + p[d]);
+            t.tg_id[d] = gid[d];
+            t.tg_size[d] = size[d];
+            t.dispatch_tg_size[d] = uint32_t(group[d]);
+            t.grid_size[d] = uint32_t(threads[d]);
+            t.tgs_per_grid[d] = groups[d];
+          }
+          t.index_in_tg = i;
+          t.lane = i % kWidth;
+          t.simd_index = i / kWidth;
+          t.simds_per_tg = nsimd;
+          t.simd_size = kWidth;
+          th.state = 0;
+          th.fiber = nullptr;
+          th.result_phase = 0;
+          th.result_active = 0;
+        }
+        if (run_group(w, &g) != 0) {
+          snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gx, gy, gz, g.message);
+          return 1;
+        }
+      }
+  return 0;
+}
+
+}  // extern "C"

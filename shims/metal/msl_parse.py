@@ -1,0 +1,252 @@
+"""Reading kernels out of a preprocessed MSL library and turning it into C++ for this host.
+
+Works on ``g++ -E`` output (macros expanded, c10 headers pasted, no comments), so kernels made
+by macros (``template [[host_name("...")]] kernel void f<float>(...);``) are seen as written.
+Two MSL words are left to this module rather than to macros, because their meaning depends on
+where they stand:
+
+- ``kernel`` marks the functions to export; it is removed after they are recorded;
+- ``threadgroup`` qualifies a pointer parameter (nothing to do on a flat host memory) or
+  declares threadgroup memory (``threadgroup float tmp[32];``), which must be shared by the
+  threads of a threadgroup: it becomes ``static thread_local``, since the dispatcher runs a
+  threadgroup's threads on one OS thread and one threadgroup at a time per OS thread.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Thread-position attributes -> the field of etm_msl_thread (msl_abi.h) that carries them.
+POSITION_FIELDS = {
+    "thread_position_in_grid": ("grid_pos", 3),
+    "thread_position_in_threadgroup": ("tg_pos", 3),
+    "threadgroup_position_in_grid": ("tg_id", 3),
+    "threads_per_threadgroup": ("tg_size", 3),
+    "dispatch_threads_per_threadgroup": ("dispatch_tg_size", 3),
+    "threads_per_grid": ("grid_size", 3),
+    "threadgroups_per_grid": ("tgs_per_grid", 3),
+    "thread_index_in_threadgroup": ("index_in_tg", 1),
+    "thread_index_in_simdgroup": ("lane", 1),
+    "simdgroup_index_in_threadgroup": ("simd_index", 1),
+    "simdgroups_per_threadgroup": ("simds_per_tg", 1),
+    "threads_per_simdgroup": ("simd_size", 1),
+    "thread_execution_width": ("simd_size", 1),
+}
+
+
+class ParseError(Exception):
+    """A kernel uses something this executor cannot bind; ``kernel`` names it."""
+
+    def __init__(self, kernel: str, message: str) -> None:
+        super().__init__(message)
+        self.kernel = kernel
+
+
+@dataclass
+class Param:
+    name: str
+    type: str
+    buffer: int | None = None  # [[buffer(i)]]
+    position: str | None = None  # a POSITION_FIELDS key
+
+
+@dataclass
+class Kernel:
+    name: str  # the host name the library is asked for
+    call: str  # the C++ function to call (qualified, with template arguments)
+    params: list[Param] = field(default_factory=list)
+    start: int = 0  # offsets of the declaration in the preprocessed text
+    end: int = 0
+    max_threads: int | None = None  # [[max_total_threads_per_threadgroup(N)]]
+
+    @property
+    def buffer_indices(self) -> tuple[int, ...]:
+        return tuple(sorted(p.buffer for p in self.params if p.buffer is not None))
+
+
+_KERNEL = re.compile(r"\bkernel\s+void\b")
+_ATTR = re.compile(r"\[\[(.*?)\]\]", re.S)
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def _matching(text: str, i: int, open_c: str, close_c: str) -> int:
+    """Index of the bracket closing the one at ``text[i]``."""
+    depth = 0
+    for j in range(i, len(text)):
+        c = text[j]
+        if c == open_c:
+            depth += 1
+        elif c == close_c:
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def _split_top(text: str) -> list[str]:
+    """Split a parameter list at top-level commas."""
+    out, depth, cur = [], 0, []
+    for c in text:
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth -= 1
+        if c == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    if "".join(cur).strip():
+        out.append("".join(cur))
+    return out
+
+
+def _statement_start(text: str, i: int) -> int:
+    """Start of the declaration containing offset ``i`` (after the previous ; { or })."""
+    j = i - 1
+    depth = 0
+    while j >= 0:
+        c = text[j]
+        if c == "]":
+            depth += 1
+        elif c == "[":
+            depth -= 1
+        elif depth == 0 and c in ";{}":
+            return j + 1
+        elif c == "\n" and text[j + 1 : j + 2] == "#":
+            pass
+        j -= 1
+    return 0
+
+
+def _parse_param(kernel: str, text: str, auto_index: list[int]) -> Param:
+    attrs = [a.strip() for a in _ATTR.findall(text)]
+    decl = _ATTR.sub(" ", text).strip()
+    m = re.search(r"([A-Za-z_]\w*)\s*$", decl)
+    if not m:
+        raise ParseError(kernel, f"cannot read the parameter '{text.strip()}'")
+    name, ptype = m.group(1), decl[: m.start()].strip()
+    if re.search(r"\bthreadgroup\b", ptype):
+        ptype = re.sub(r"\bthreadgroup\b", " ", ptype).strip()
+    param = Param(name=name, type=ptype)
+    for attr in attrs:
+        am = re.match(r"(\w+)\s*(?:\((.*)\))?$", attr, re.S)
+        key = am.group(1) if am else attr
+        if key == "buffer":
+            param.buffer = int(am.group(2), 0)
+        elif key in POSITION_FIELDS:
+            param.position = key
+        elif key in ("threadgroup", "texture", "sampler", "stage_in", "function_constant"):
+            raise ParseError(kernel, f"unsupported kernel parameter [[{attr}]] on '{name}'")
+        else:
+            raise ParseError(
+                kernel, f"unsupported kernel parameter attribute [[{attr}]] on '{name}'"
+            )
+    if param.position is None and param.buffer is None:
+        param.buffer = auto_index[0]
+    if param.buffer is not None:
+        auto_index[0] = param.buffer + 1
+    return param
+
+
+def find_kernels(text: str) -> list[Kernel]:
+    """Every kernel the library exports: non-template definitions and explicit instantiations
+    (named by their ``[[host_name]]``); primary templates export nothing themselves."""
+    kernels: list[Kernel] = []
+    for m in _KERNEL.finditer(text):
+        start = _statement_start(text, m.start())
+        head = text[start : m.start()]
+        paren = text.find("(", m.end())
+        if paren < 0:
+            continue
+        fn = text[m.end() : paren].strip()
+        close = _matching(text, paren, "(", ")")
+        if close < 0:
+            continue
+        rest = text[close + 1 :].lstrip()
+        while rest.startswith("[["):
+            rest = rest[rest.find("]]") + 2 :].lstrip()
+        is_definition = rest.startswith("{")
+        end = close + 1
+        if is_definition:
+            end = _matching(text, text.find("{", close), "{", "}") + 1
+        host = None
+        max_threads = None
+        for attr in _ATTR.findall(head):
+            hm = re.match(r"\s*host_name\s*\((.*)\)\s*$", attr, re.S)
+            if hm:
+                host = "".join(_STRING.findall(hm.group(1)))
+            tm = re.match(r"\s*max_total_threads_per_threadgroup\s*\((.*)\)\s*$", attr, re.S)
+            if tm:
+                try:
+                    max_threads = int(tm.group(1).strip(), 0)
+                except ValueError:
+                    max_threads = None
+        head_code = _ATTR.sub(" ", head)
+        is_template = re.search(r"\btemplate\s*<", head_code) is not None
+        is_instantiation = re.search(r"\btemplate\b(?!\s*<)", head_code) is not None
+        if is_template and not is_instantiation:
+            continue  # a primary template: its instantiations are the kernels
+        name = host or re.sub(r"<.*", "", fn).split("::")[-1].strip()
+        kernel = Kernel(name=name, call=fn, start=start, end=end, max_threads=max_threads)
+        auto = [0]
+        kernel.params = [_parse_param(name, p, auto) for p in _split_top(text[paren + 1 : close])]
+        indices = [p.buffer for p in kernel.params if p.buffer is not None]
+        if len(set(indices)) != len(indices):
+            raise ParseError(name, f"two parameters bind the same [[buffer]] index {indices}")
+        kernels.append(kernel)
+    return kernels
+
+
+_THREADGROUP = re.compile(r"\bthreadgroup\b(?!\s*\()")
+_KERNEL_WORD = re.compile(r"\bkernel\b(?=\s+void\b)")
+
+
+def rewrite(text: str) -> str:
+    """Make the preprocessed library plain C++: drop ``kernel``, turn threadgroup-memory
+    declarations into ``static thread_local`` and drop the pointer qualifier elsewhere."""
+    text = _KERNEL_WORD.sub("      ", text)
+
+    def tg(m: re.Match) -> str:
+        before = text[: m.start()].rstrip()
+        after = text[m.end() :]
+        stmt_end = re.match(r"[^;(){}]*;", after)
+        at_statement_start = not before or before[-1] in ";{}" or before.endswith("]]")
+        if at_statement_start and stmt_end:
+            return "static thread_local"
+        return " "
+
+    return _THREADGROUP.sub(tg, text)
+
+
+def entry_source(kernels: list[Kernel]) -> str:
+    """One ``extern "C"`` entry per kernel, one line each (a compiler error in an entry names
+    its kernel by line number)."""
+    lines = ['# 1 "<etmetal kernel entries>"']
+    for i, k in enumerate(kernels):
+        args = []
+        for p in k.params:
+            if p.position:
+                fld, width = POSITION_FIELDS[p.position]
+                src = f"t->{fld}" if width == 3 else f"&t->{fld}"
+                args.append(f"etm::position<{p.type}>({src})")
+            else:
+                args.append(f"etm::buffer_arg<{p.type}>(a[{p.buffer}])")
+        lines.append(
+            f'extern "C" __attribute__((visibility("default"))) void etm_msl_entry_{i}'
+            f"(void* const* a, const etm_msl_thread* t) {{ (void)a; (void)t; "
+            f"{k.call}({', '.join(args)}); }}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def line_of(text: str, offset: int) -> tuple[str, int]:
+    """(file, line) of ``offset`` in preprocessed text, from its line markers."""
+    file, line = "", 1
+    pos = 0
+    for m in re.finditer(r'^# (\d+) "([^"]*)"[^\n]*\n', text[:offset], re.M):
+        line_start = m.end()
+        file, line = m.group(2), int(m.group(1))
+        pos = line_start
+    return file, line + text.count("\n", pos, offset)
