@@ -36,6 +36,8 @@ _CACHE_FORMAT = 1
 
 HOST_TARGET = "host"
 MPS_TARGET = "mps"
+MPS_EMULATED_TARGET = "mps_emulated"
+AOTI_TARGETS = (HOST_TARGET, MPS_TARGET, MPS_EMULATED_TARGET)
 
 # seconds between progress reports while Inductor compiles
 HEARTBEAT_SECONDS = float(os.environ.get("ETMETAL_PROGRESS_SECONDS", "5"))
@@ -177,20 +179,27 @@ def compile_exported_program(
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
 ) -> AotiArtifact:
-    """Compile ``ep`` with AOTInductor for ``target`` (``host`` = CPU C++), cached by content.
+    """Compile ``ep`` with AOTInductor for ``target``, cached by content.
 
-    The ``.so`` is built with weights outside it (``weights.blob``) so they can be
-    stored as named data. ``mps`` requires macOS with MPS and fails here otherwise.
+    ``host`` = CPU C++; ``mps`` = Metal (macOS with MPS only, fails here otherwise);
+    ``mps_emulated`` = Metal code generated here, its wrapper built for this CPU (see
+    :mod:`.mps_emulated_compile`). The ``.so`` is built with weights outside it
+    (``weights.blob``) so they can be stored as named data. ``ep`` is not modified.
     """
-    if target not in (HOST_TARGET, MPS_TARGET):
-        raise ValueError(f"unknown AOTI target {target!r}; expected 'host' or 'mps'")
+    if target not in AOTI_TARGETS:
+        raise ValueError(
+            f"unknown AOTI target {target!r}; expected one of {', '.join(map(repr, AOTI_TARGETS))}"
+        )
     if target == MPS_TARGET and not torch.backends.mps.is_available():
         raise RuntimeError(
             "target 'mps' needs macOS with an MPS device (torch.backends.mps.is_available() "
-            "is False here); use target='host' to compile for this machine"
+            "is False here); use target='mps_emulated' to generate the Metal code on this "
+            "machine, or target='host' to compile for this machine's CPU"
         )
+    if target == MPS_EMULATED_TARGET and link_libtorch:
+        raise ValueError("target 'mps_emulated' builds without libtorch (link_libtorch=False)")
     options = aoti_options(link_libtorch=link_libtorch, extra=extra_options)
-    key = cache_key(ep, target, options)
+    key = cache_key(ep, target, _keyed_options(target, options))
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / "aoti" / key
     if use_cache:
@@ -218,6 +227,14 @@ def compile_exported_program(
         )
 
 
+def _keyed_options(target: str, options: dict[str, Any]) -> dict[str, Any]:
+    if target != MPS_EMULATED_TARGET:
+        return options
+    from .mps_emulated_compile import BUILD_RECIPE
+
+    return {**options, "etmetal.mps_emulated_build": BUILD_RECIPE}
+
+
 def _load_entry(key: str, entry: Path) -> AotiArtifact | None:
     so, weights, cpp = entry / "model.so", entry / "weights.blob", entry / "wrapper.cpp"
     if (entry / "complete").exists() and so.exists() and weights.exists():
@@ -228,24 +245,16 @@ def _load_entry(key: str, entry: Path) -> AotiArtifact | None:
 def _compile_into(
     ep: torch.export.ExportedProgram, target: str, options: dict, key: str, entry: Path
 ) -> AotiArtifact:
-    device = "mps" if target == MPS_TARGET else "cpu"
-    if device != "cpu":
-        ep = torch.export.passes.move_to_device_pass(ep, device)
     log.info("AOTI compiling %s for %s (takes tens of seconds)", key[:12], target)
     _STATS["compiles"] += 1
-    with _progress(f"AOTI compile {key[:12]} ({target})"), torch.no_grad():
-        paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
-    paths = paths if isinstance(paths, list) else [paths]
-    so = next((p for p in paths if p.endswith(".wrapper.so")), None)
-    blob = next((p for p in paths if p.endswith("_weights.blob")), None)
-    cpp = next((p for p in paths if p.endswith(".wrapper.cpp")), None)
-    if so is None:
-        raise RuntimeError(f"AOTInductor produced no .so (got {paths})")
     # write the entry atomically: a temp dir renamed into place, marked complete last
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=entry.parent))
     try:
-        shutil.copy2(so, tmp / "model.so")
+        with _progress(f"AOTI compile {key[:12]} ({target})"), torch.no_grad():
+            so, blob, cpp = _compile_target(ep, target, options, tmp)
+        if so != str(tmp / "model.so"):
+            shutil.copy2(so, tmp / "model.so")
         if blob is not None:
             shutil.copy2(blob, tmp / "weights.blob")
         else:  # a model without constants
@@ -264,3 +273,25 @@ def _compile_into(
     return AotiArtifact(
         key, artifact.so_path, artifact.weights_path, artifact.wrapper_cpp_path, False
     )
+
+
+def _compile_target(
+    ep: torch.export.ExportedProgram, target: str, options: dict, work_dir: Path
+) -> tuple[str, str | None, str | None]:
+    """Paths of the ``.so``, the weights blob (None: no constants) and the wrapper ``.cpp``."""
+    if target == MPS_EMULATED_TARGET:
+        from .mps_emulated_compile import build_mps_emulated
+
+        built = build_mps_emulated(ep, options, work_dir)
+        weights = str(built.weights_path) if built.weights_path else None
+        return str(built.so_path), weights, str(built.wrapper_cpp_path)
+    if target == MPS_TARGET:
+        ep = torch.export.passes.move_to_device_pass(ep, "mps")
+    paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
+    paths = paths if isinstance(paths, list) else [paths]
+    so = next((p for p in paths if p.endswith(".wrapper.so")), None)
+    blob = next((p for p in paths if p.endswith("_weights.blob")), None)
+    cpp = next((p for p in paths if p.endswith(".wrapper.cpp")), None)
+    if so is None:
+        raise RuntimeError(f"AOTInductor produced no .so (got {paths})")
+    return so, blob, cpp

@@ -2,7 +2,7 @@
 
 ``CompileSpec(key, value: bytes)`` is exir's only way to hand options from the
 partitioner to ``preprocess`` (and they are stored in the ``.pte``). Keys:
-``target`` (``host``/``mps``, written by the partitioner), ``method_name``
+``target`` (``host``/``mps``/``mps_emulated``, written by the partitioner), ``method_name``
 (upstream's key, used in messages) and ``codesign_identity`` (macOS only).
 """
 

@@ -33,11 +33,12 @@ from .aoti_compile import compile_exported_program
 from .codesign import codesign
 from .compile_specs import parse_compile_specs
 from .delegate_blobs import pack_delegate_blobs
+from .mps_abi import MPS_RUNTIME_ABI
 from .passes.dim_order_to_aten import rewrite_dim_order_ops
 from .passes.inline_scalar_constants import inline_scalar_constants
 from .passes.replace_view_copy_with_view import ReplaceViewCopyWithView
 from .supported_ops import SUPPORTED_FALLBACKS
-from .targets import HOST, MPS, device_of, resolve_target
+from .targets import HOST, MPS, MPS_EMULATED, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ _PROXY_EXECUTOR = b"aoti_torch_proxy_executor_call_function"
 
 def unsupported_externs(so_bytes: bytes, target: str) -> list[str]:
     """Fallback shims the compiled ``.so`` imports that the target's runtime lacks."""
-    found = {m.decode() for m in _EXTERN_SYMBOL.findall(so_bytes)}
+    found = {m.decode() for m in _EXTERN_SYMBOL.findall(so_bytes)} - MPS_RUNTIME_ABI
     missing = sorted(found - SUPPORTED_FALLBACKS[target])
     if _PROXY_EXECUTOR in so_bytes:
         missing.append("aoti_torch_proxy_executor_call_function (a libtorch-only fallback)")
@@ -97,11 +98,12 @@ def _mutated_inputs(ep: ExportedProgram) -> set[str]:
 
 
 def prepare_for_aoti(ep: ExportedProgram, target: str) -> ExportedProgram:
-    """Device move and the graph rewrites Inductor needs; returns the program to compile."""
-    if device_of(target) != "cpu":
+    """Device move and the graph rewrites Inductor needs; returns the program to compile.
+    (``mps_emulated`` moves to its fake ``mps`` device inside the compile.)"""
+    if target == MPS:
         from torch.export.passes import move_to_device_pass
 
-        ep = move_to_device_pass(ep, device_of(target))
+        ep = move_to_device_pass(ep, "mps")
     gm = ep.graph_module
     inline_scalar_constants(ep)
     rewrite_dim_order_ops(gm)
@@ -152,7 +154,7 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
 class MetalBackend(BackendDetails):
     """Ahead-of-time side of the Metal delegate (backend id ``MetalBackend``)."""
 
-    TARGETS = (HOST, MPS)
+    TARGETS = (HOST, MPS, MPS_EMULATED)
 
     @staticmethod
     def preprocess(

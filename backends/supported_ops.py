@@ -24,14 +24,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .edge_ops import aten_overload
 from .passes.replace_view_copy_with_view import VIEW_OF_COPY
-from .targets import HOST, MPS, device_of
+from .targets import HOST, MPS, MPS_EMULATED, device_of
 
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 
 # Fallback shims etmetal's runtime implements per target (the names the .so imports).
-# host: etmetal.shims over ATen; mps: the stock ExecuTorch Metal runtime's shims.
+# host: etmetal.shims over ATen; mps: the stock ExecuTorch Metal runtime's shims;
+# mps_emulated: the same table as mps (its predictions are the real Metal ones).
 SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {
     HOST: frozenset(
         {
@@ -61,6 +62,7 @@ SUPPORTED_FALLBACKS: dict[str, frozenset[str]] = {
         }
     ),
 }
+SUPPORTED_FALLBACKS[MPS_EMULATED] = SUPPORTED_FALLBACKS[MPS]
 
 # Inductor lowerings that always emit an extern call (no generated kernel) unless
 # autotuning picks a template; the suffix of the shim each one calls.

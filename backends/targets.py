@@ -3,7 +3,11 @@
 ``mps`` generates Metal kernels and needs macOS with an MPS device at lowering time
 (Inductor compiles against the device). ``host`` generates C++ for the CPU and works
 on any machine with a C++ compiler; its ``.so`` calls the same AOTI shim ABI, which
-etmetal's runtime provides. ``auto`` picks ``mps`` where it is usable, else ``host``.
+etmetal's runtime provides. ``mps_emulated`` runs Inductor's real ``mps`` code
+generation on any machine and builds the Metal wrapper for this CPU; its ``.so`` calls
+the Metal shim ABI (``aoti_torch_mps_*``), which etmetal's emulated Metal device serves.
+``auto`` picks ``mps`` where it is usable, else ``host`` (never ``mps_emulated``: it is
+a test vehicle for the real Metal artifact, not the fast way to run on a CPU).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ log = logging.getLogger(__name__)
 
 HOST = "host"
 MPS = "mps"
+MPS_EMULATED = "mps_emulated"
 AUTO = "auto"
-TARGETS = (HOST, MPS)
-CHOICES = (AUTO, HOST, MPS)
+TARGETS = (HOST, MPS, MPS_EMULATED)
+CHOICES = (AUTO, HOST, MPS, MPS_EMULATED)
 
 # compile spec keys the partitioner writes and preprocess reads
 TARGET_SPEC_KEY = "target"
@@ -34,11 +39,11 @@ def mps_available() -> bool:
 def device_of(target: str) -> str:
     """The torch device type AOTInductor compiles ``target`` for (also the shim prefix)."""
     check_target(target)
-    return "mps" if target == MPS else "cpu"
+    return "mps" if target in (MPS, MPS_EMULATED) else "cpu"
 
 
 def check_target(target: object) -> str:
-    """Validate a resolved target name (``host`` or ``mps``)."""
+    """Validate a resolved target name (``host``, ``mps`` or ``mps_emulated``)."""
     if target not in TARGETS:
         raise ValueError(
             f"unknown Metal target {target!r}; expected one of {', '.join(map(repr, CHOICES))}"
@@ -47,11 +52,12 @@ def check_target(target: object) -> str:
 
 
 def resolve_target(target: object = AUTO) -> str:
-    """Turn a user's ``target`` into ``host`` or ``mps``, failing at once when unusable."""
+    """Turn a user's ``target`` into a target name, failing at once when unusable."""
     if not isinstance(target, str) or target not in CHOICES:
         raise ValueError(
             f"unknown Metal target {target!r}; expected one of {', '.join(map(repr, CHOICES))} "
-            "(auto picks mps where MPS is available, else host)"
+            "(auto picks mps where MPS is available, else host; mps_emulated runs the Metal "
+            "code generation on any machine)"
         )
     if target == AUTO:
         chosen = MPS if mps_available() else HOST
@@ -66,6 +72,8 @@ def resolve_target(target: object = AUTO) -> str:
             "MetalPartitioner(target='mps') needs macOS with an MPS device: AOTInductor "
             f"compiles Metal kernels against the device, and this machine is {platform.system()} "
             f"(torch.backends.mps.is_available() is {torch.backends.mps.is_available()}). "
-            "Use target='host' to compile the delegate for this machine's CPU, or lower on a Mac."
+            "Use target='mps_emulated' to generate the same Metal code here and run it on "
+            "etmetal's emulated Metal device, target='host' to compile the delegate for this "
+            "machine's CPU, or lower on a Mac."
         )
     return target
