@@ -19,6 +19,7 @@ is itself loaded RTLD_LOCAL. ``Bridge.calls`` counts calls that reached etmetal;
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import threading
@@ -224,6 +225,7 @@ class Bridge:
         self._calls = ctypes.c_uint64.in_dll(self.lib, "etm_calls")
         self.counter = self._calls  # ``counter.value``: ``calls`` without the property call
         self._callbacks = []  # strong references: C holds raw pointers to these
+        self._slots: list[ctypes.c_void_p] = []
         self.forwarded: dict[str, abi.Decl] = {}
         for decl in forwarded_decls():
             proto = ctypes.CFUNCTYPE(decl.ctypes_restype(), *decl.ctypes_argtypes())
@@ -231,7 +233,12 @@ class Bridge:
             self._callbacks.append(cb)
             slot = ctypes.c_void_p.in_dll(self.lib, f"etm_fp_{decl.name}")
             slot.value = ctypes.cast(cb, ctypes.c_void_p).value
+            self._slots.append(slot)
             self.forwarded[decl.name] = decl
+        # static destructors of loaded models run after the interpreter is gone (the Metal
+        # wrapper deletes its shader libraries then): from exit on, shims answer "unbound"
+        # in C instead of calling into a finalized Python
+        atexit.register(self.unbind)
         self.constants = {n: v for n, v in constant_shims().items() if hasattr(self.lib, n)}
         self.exported = (
             frozenset(self.forwarded)
@@ -252,6 +259,11 @@ class Bridge:
         state.RECORDS = state.Records(base, memoryview(recs).cast("B"), python_half, count)
         state.NATIVE = native_tensors.NativeTensors(self.lib, base)
         state.sync_native_policy()
+
+    def unbind(self) -> None:
+        """Detach every Python shim: later calls fail with an error code, in C only."""
+        for slot in self._slots:
+            slot.value = None
 
     @property
     def calls(self) -> int:

@@ -12,11 +12,16 @@ from __future__ import annotations
 import torch
 
 from .core import adopt_result
+from .dtypes import DEVICE_CODES, DEVICE_CPU
 from .registry import emit, need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim, shim_as
 from .state import lookup
 from .storage import ShimError, is_packed
 
 aten = torch.ops.aten
+
+# the device new results stand for: the cpu names make host tensors, the mps names (the
+# emulated Metal device, host memory too) mps tensors, set for the call by ``_on_device``
+_RESULT_DEVICE = [DEVICE_CPU]
 
 
 def _in(handle, what: str) -> torch.Tensor:
@@ -43,7 +48,23 @@ def _write_out(out_handle, expected: tuple[int, ...], dtype: torch.dtype, comput
 
 
 def _ret(addr, t: torch.Tensor, what: str) -> None:
-    emit(addr, adopt_result(t), what)
+    emit(addr, adopt_result(t, _RESULT_DEVICE[0]), what)
+
+
+def _on_device(device_type: int, fn):
+    """``fn`` with its new results made on ``device_type``."""
+    if device_type == DEVICE_CPU:
+        return fn
+
+    def on_device(*args):
+        previous, _RESULT_DEVICE[0] = _RESULT_DEVICE[0], device_type
+        try:
+            return fn(*args)
+        finally:
+            _RESULT_DEVICE[0] = previous
+
+    on_device.__name__ = fn.__name__
+    return on_device
 
 
 def _mm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int]:
@@ -243,15 +264,23 @@ def aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(
     _ret(ret1, lse, "ret1")
 
 
-@shim
-def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
-    query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
+def _sdpa_math_for_mps(
+    query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, ret0, ret1
 ):
+    """What upstream's Metal runtime computes: the attention output and a
+    (batch, heads, q, kv) weights tensor; key/value with fewer heads are shared by groups
+    of query heads (upstream derives the group factor from the shapes)."""
     need_out((ret0, "ret0"), (ret1, "ret1"))
     q, k, v = _in(query, "query"), _in(key, "key"), _in(value, "value")
     _check_qkv(q, k, v)
     if dropout_p:
         raise ShimError("attention: dropout is not supported at inference")
+    if read_ptr(dropout_mask, "dropout_mask") is not None:
+        raise ShimError("attention: a dropout mask is not supported at inference")
+    if q.shape[1] != k.shape[1] and (k.shape[1] == 0 or q.shape[1] % k.shape[1]):
+        raise ShimError(
+            f"attention: {q.shape[1]} query heads cannot share {k.shape[1]} key/value heads"
+        )
     out, attn = aten._scaled_dot_product_attention_math(
         q,
         k,
@@ -259,11 +288,30 @@ def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
         _opt_in(attn_mask, "attn_mask"),
         0.0,
         bool(is_causal),
-        _opt_in(dropout_mask, "dropout_mask"),
+        None,
         scale=read_f64(scale),
+        enable_gqa=bool(enable_gqa) or q.shape[1] != k.shape[1],
     )
     _ret(ret0, out, "ret0")
     _ret(ret1, attn, "ret1")
+
+
+def aoti_torch_mps__scaled_dot_product_attention_math_for_mps(
+    query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
+):
+    _sdpa_math_for_mps(
+        query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, 0, ret0, ret1
+    )
+
+
+def aoti_torch_mps__scaled_dot_product_attention_math_for_mps_v2(
+    query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa, ret0,
+    ret1,
+):  # fmt: skip
+    _sdpa_math_for_mps(
+        query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa,
+        ret0, ret1,
+    )  # fmt: skip
 
 
 # the same implementation serves the host (cpu) and Metal (mps) names of an op
@@ -280,7 +328,14 @@ for _prefix in ("aoti_torch_cpu_", "aoti_torch_mps_"):
         ("avg_pool2d", _avg_pool(aten.avg_pool2d)),
         ("avg_pool3d", _avg_pool(aten.avg_pool3d)),
     ):
-        shim_as(_prefix + _name, _fn)
+        device = DEVICE_CODES["mps"] if _prefix == "aoti_torch_mps_" else DEVICE_CPU
+        shim_as(_prefix + _name, _on_device(device, _fn))
+
+for _fn in (
+    aoti_torch_mps__scaled_dot_product_attention_math_for_mps,
+    aoti_torch_mps__scaled_dot_product_attention_math_for_mps_v2,
+):
+    shim_as(_fn.__name__, _on_device(DEVICE_CODES["mps"], _fn))
 
 # host only: torch declares no mps version of it
 shim_as("aoti_torch_cpu__adaptive_avg_pool3d", _adaptive_avg_pool(aten._adaptive_avg_pool3d))

@@ -223,9 +223,13 @@ def _read_u64s(ptr, n: int, what: str) -> tuple[int, ...]:
     return tuple((ctypes.c_uint64 * n).from_address(ptr))
 
 
-def _default_group(threads: tuple[int, ...]) -> tuple[int, ...]:
+def _limit(fn: Function) -> int:
+    """The pipeline's maxTotalThreadsPerThreadgroup (lower for kernels that declare one)."""
+    return min(MAX_THREADS_PER_GROUP, getattr(fn.kernel, "max_threads_per_group", 1 << 30))
+
+
+def _default_group(threads: tuple[int, ...], limit: int) -> tuple[int, ...]:
     """Upstream's choice when the wrapper gives no group size."""
-    limit = MAX_THREADS_PER_GROUP
     if len(threads) == 1:
         return (min(limit, threads[0]),)
     if len(threads) == 2:
@@ -235,12 +239,12 @@ def _default_group(threads: tuple[int, ...]) -> tuple[int, ...]:
     return (gx, gy, limit // max(gx * gy, 1))
 
 
-def _group_with(threads: tuple[int, ...], group: tuple[int, ...]) -> tuple[int, ...]:
+def _group_with(threads: tuple[int, ...], group: tuple[int, ...], limit: int) -> tuple[int, ...]:
     """Upstream's choice with the wrapper's group size (1-D: capped at the pipeline limit)."""
     if len(threads) == 1:
-        return (min(MAX_THREADS_PER_GROUP, group[0]),)
+        return (min(limit, group[0]),)
     if len(group) < len(threads):  # upstream then keeps its default
-        return _default_group(threads)
+        return _default_group(threads, limit)
     return tuple(min(g, t) for g, t in zip(group, threads))
 
 
@@ -250,10 +254,10 @@ def _dispatch(fn: Function, threads: tuple[int, ...], group: tuple[int, ...]) ->
     total = 1
     for g in group:
         total *= g
-    if total > MAX_THREADS_PER_GROUP:
+    if total > _limit(fn):
         raise ShimError(
             f"kernel {fn.name!r}: threadgroup of {total} threads exceeds the pipeline's "
-            f"{MAX_THREADS_PER_GROUP}"
+            f"{_limit(fn)}"
         )
     wanted = set(getattr(fn.kernel, "buffer_indices", ()))
     given = set(fn.args)
@@ -279,21 +283,22 @@ def _dispatch(fn: Function, threads: tuple[int, ...], group: tuple[int, ...]) ->
 @_reporting
 def aoti_torch_mps_dispatch_single(func, length):
     fn = _encoding(func, "dispatch_single")
-    _dispatch(fn, (length,), _default_group((length,)))
+    _dispatch(fn, (length,), _default_group((length,), _limit(fn)))
 
 
 @_reporting
 def aoti_torch_mps_dispatch_single_with_group_size(func, length, group_size):
     fn = _encoding(func, "dispatch_single_with_group_size")
-    group = min(group_size, MAX_THREADS_PER_GROUP) if group_size > 0 else None
-    _dispatch(fn, (length,), (group,) if group else _default_group((length,)))
+    limit = _limit(fn)
+    group = min(group_size, limit) if group_size > 0 else None
+    _dispatch(fn, (length,), (group,) if group else _default_group((length,), limit))
 
 
 @_reporting
 def aoti_torch_mps_dispatch_array(func, length, length_size):
     fn = _encoding(func, "dispatch_array")
     threads = _read_u64s(length, length_size, "length")
-    _dispatch(fn, threads, _default_group(threads))
+    _dispatch(fn, threads, _default_group(threads, _limit(fn)))
 
 
 @_reporting
@@ -302,10 +307,11 @@ def aoti_torch_mps_dispatch_array_with_group_size(
 ):
     fn = _encoding(func, "dispatch_array_with_group_size")
     threads = _read_u64s(length, length_size, "length")
+    limit = _limit(fn)
     if group_size and group_size_size:
-        group = _group_with(threads, _read_u64s(group_size, group_size_size, "group_size"))
+        group = _group_with(threads, _read_u64s(group_size, group_size_size, "group_size"), limit)
     else:
-        group = _default_group(threads)
+        group = _default_group(threads, limit)
     _dispatch(fn, threads, group)
 
 
