@@ -151,7 +151,7 @@ def test_kernel_arguments_reach_the_executor_as_upstream_binds_them(lib, fake_ms
     fn = _function(lib, library, "k")
     assert _function(lib, library, "k") == fn  # one function object per name
     base, view = _mps_tensor(lib, (8,), offset=3)
-    out, _ = _mps_tensor(lib, (8,))
+    out, out_view = _mps_tensor(lib, (8,))
     assert lib.aoti_torch_mps_start_encoding(fn) == 0
     assert lib.aoti_torch_mps_set_arg_tensor(fn, 0, out) == 0
     assert lib.aoti_torch_mps_set_arg_tensor(fn, 1, view) == 0
@@ -162,8 +162,8 @@ def test_kernel_arguments_reach_the_executor_as_upstream_binds_them(lib, fake_ms
     assert args[0] == _ptr(lib, out)
     assert args[1] == _ptr(lib, base) + 3 * 4  # the storage offset is part of the address
     assert ctypes.c_int64.from_address(args[2]).value == -(1 << 40)
-    for h in (base, view, out):
-        lib.aoti_torch_delete_tensor_object(h)
+    for h in (base, view, out, out_view):
+        assert lib.aoti_torch_delete_tensor_object(h) == 0
     assert lib.aoti_torch_mps_delete_shader_library(library) == 0
 
 
@@ -196,9 +196,10 @@ def test_grid_and_threadgroup_sizes(lib, fake_msl, call, threads, group):
 
 
 def test_dispatch_with_missing_or_extra_arguments_is_an_error(lib, fake_msl):
+    start = mps_device.live_mps_storages()
     library = _library(lib, "// kernel needs3 0 1 2\n")
     fn = _function(lib, library, "needs3")
-    out, _ = _mps_tensor(lib, (4,))
+    out, out_view = _mps_tensor(lib, (4,))
     lib.aoti_torch_mps_start_encoding(fn)
     lib.aoti_torch_mps_set_arg_tensor(fn, 0, out)
     lib.aoti_torch_mps_set_arg_int(fn, 2, 4)
@@ -219,6 +220,8 @@ def test_dispatch_with_missing_or_extra_arguments_is_an_error(lib, fake_msl):
     assert lib.aoti_torch_mps_dispatch_single(fn, 4) == 1
     assert "without aoti_torch_mps_start_encoding" in last_error()
     lib.aoti_torch_delete_tensor_object(out)
+    lib.aoti_torch_delete_tensor_object(out_view)
+    assert mps_device.live_mps_storages() == start
     lib.aoti_torch_mps_delete_shader_library(library)
 
 

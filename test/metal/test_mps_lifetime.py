@@ -158,9 +158,10 @@ def test_a_run_whose_library_fails_to_compile_raises_and_leaks_nothing(emulated_
         fresh = Path(tmp) / "fresh.so"
         shutil.copy2(so, fresh)
         monkeypatch.setattr(mps_kernels, "_compiler", lambda: Broken)
-        before = memory_stats().live()
-        with AotiModel(fresh, weights, device="mps") as model:
-            with pytest.raises(AotiModelError, match="failed to compile.*injected"):
-                model.run(inputs)
-        assert memory_stats().live() == before
-        assert mps_device.live_mps_storages() == 0
+        before = memory_stats().live(), mps_device.live_mps_storages()
+        with (
+            AotiModel(fresh, weights, device="mps") as model,
+            pytest.raises(AotiModelError, match="failed to compile.*injected"),
+        ):
+            model.run(inputs)
+        assert (memory_stats().live(), mps_device.live_mps_storages()) == before
