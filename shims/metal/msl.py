@@ -71,7 +71,11 @@ class MslFunction:
         self.buffer_indices: tuple[int, ...] = kernel.buffer_indices
         self.max_threads_per_group = kernel.max_threads or MAX_THREADS_PER_GROUP
         self._entry = entry
-        self._nargs = (max(self.buffer_indices) + 1) if self.buffer_indices else 0
+        self._index_set = frozenset(self.buffer_indices)
+        self._slot_type = ctypes.c_void_p * (
+            (max(self.buffer_indices) + 1) if self.buffer_indices else 1
+        )
+        self._dispatch = _dispatch_fn()
 
     def __repr__(self) -> str:
         return f"MslFunction({self.name!r}, buffers={self.buffer_indices})"
@@ -81,6 +85,8 @@ class MslFunction:
 
     def _dims(self, what: str, value: Sequence[int]) -> tuple[int, int, int]:
         dims = tuple(value)
+        if len(dims) == 3 and all(type(d) is int and d >= 0 for d in dims):
+            return dims  # type: ignore[return-value]
         if not 1 <= len(dims) <= 3:
             raise self._error(f"{what} must have 1 to 3 dimensions, got {dims}")
         for d in dims:
@@ -88,22 +94,27 @@ class MslFunction:
                 raise self._error(f"{what} must be non-negative integers, got {dims}")
         return tuple(dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
+    def _check_args(self, args: Mapping[int, int]) -> None:
+        missing = [i for i in self.buffer_indices if i not in args]
+        if missing:
+            raise self._error(
+                f"no argument for [[buffer({missing[0]})]] (takes {self.buffer_indices})"
+            )
+        extra = sorted(i for i in args if i not in self._index_set)
+        if extra:
+            raise self._error(
+                f"argument {extra[0]} has no [[buffer({extra[0]})]] parameter "
+                f"(takes {self.buffer_indices})"
+            )
+
     def dispatch(
         self,
         args: Mapping[int, int],
         threads: Sequence[int],
         group: Sequence[int] | None = None,
     ) -> None:
-        missing = [i for i in self.buffer_indices if i not in args]
-        if missing:
-            raise self._error(
-                f"no argument for [[buffer({missing[0]})]] (takes {self.buffer_indices})"
-            )
-        extra = sorted(i for i in args if i not in self.buffer_indices)
-        if extra:
-            raise self._error(
-                f"argument {extra[0]} has no [[buffer({extra[0]})]] parameter (takes {self.buffer_indices})"
-            )
+        if args.keys() != self._index_set:
+            self._check_args(args)
         t = self._dims("threads", threads)
         if group is None:
             g = (max(1, min(t[0], DEFAULT_GROUP)), 1, 1)
@@ -115,22 +126,25 @@ class MslFunction:
             raise self._error(
                 f"threadgroup size {g} exceeds the kernel's {self.max_threads_per_group} threads"
             )
-        slots = (ctypes.c_void_p * max(1, self._nargs))()
-        for i, addr in args.items():
-            if not isinstance(addr, int) or addr <= 0:
-                raise self._error(f"argument {i} is not an address: {addr!r}")
-            slots[i] = addr
-        err = ctypes.create_string_buffer(600)
-        rc = _dispatch_fn()(
-            self._entry,
-            slots,
-            (ctypes.c_uint64 * 3)(*t),
-            (ctypes.c_uint64 * 3)(*g),
-            err,
-            len(err),
-        )
-        if rc != 0:
+        slots = self._slot_type()
+        for i, a in args.items():
+            if type(a) is not int or a <= 0:
+                raise self._error(f"argument {i} is not an address: {a!r}")
+            slots[i] = a
+        err = _error_buffer()
+        if self._dispatch(self._entry, slots, _U64x3(*t), _U64x3(*g), err, len(err)) != 0:
             raise self._error(err.value.decode(errors="replace"))
+
+
+_U64x3 = ctypes.c_uint64 * 3
+_local = threading.local()
+
+
+def _error_buffer() -> ctypes.Array:
+    buf = getattr(_local, "err", None)
+    if buf is None:
+        buf = _local.err = ctypes.create_string_buffer(600)
+    return buf
 
 
 class MslLibrary:

@@ -31,6 +31,10 @@ typedef struct etm_msl_thread {
   uint32_t simd_index;           // simdgroup_index_in_threadgroup
   uint32_t simds_per_tg;         // simdgroups_per_threadgroup
   uint32_t simd_size;            // threads_per_simdgroup (32)
+  uint32_t dispatch_simds_per_tg;  // dispatch_simdgroups_per_threadgroup
+  uint32_t quad_index;           // quadgroup_index_in_threadgroup
+  uint32_t lane_in_quad;         // thread_index_in_quadgroup
+  uint32_t quads_per_tg;         // quadgroups_per_threadgroup
 } etm_msl_thread;
 
 typedef void (*etm_msl_entry)(void* const* args, const etm_msl_thread* thread);

@@ -30,6 +30,7 @@ from etmetal.shims.metal.msl_parse import (
     find_kernels,
     line_of,
     rewrite,
+    rewrite_address_spaces,
 )
 from etmetal.shims.native import NativeBuildError, build_shared, cache_root, compiler
 
@@ -59,7 +60,7 @@ class CompileError(Exception):
 
 
 def _header_text() -> str:
-    return (HERE / "msl_abi.h").read_text() + (HERE / "msl_compat.h").read_text()
+    return "".join(p.read_text() for p in sorted(HERE.glob("*.h")))
 
 
 @lru_cache(maxsize=1)
@@ -139,6 +140,7 @@ def _construct(message: str) -> str:
 
 def _diagnose(stderr: str, text: str, kernels: list[Kernel]) -> CompileError:
     """The first error, the construct it names and the kernel it is in (or is required by)."""
+    stderr = stderr.replace("\u2018", "'").replace("\u2019", "'")  # g++ quotes in UTF-8 locales
     err = next((ln for ln in stderr.splitlines() if " error: " in ln or "fatal error" in ln), "")
     if not err:
         err = stderr.strip().splitlines()[-1] if stderr.strip() else "compiler failed"
@@ -170,7 +172,8 @@ def source_key(source: str) -> str:
     text = "|".join([str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())])
     h = hashlib.sha256(text.encode())
     h.update(_header_text().encode())
-    h.update((HERE / "msl_dispatch.cpp").read_bytes())
+    for name in ("msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py"):  # what shapes the build
+        h.update((HERE / name).read_bytes())
     h.update(b"\0" + source.encode())
     return h.hexdigest()[:32]
 
@@ -184,7 +187,7 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
         so = Path(meta["so"])
         if so.exists():
             return so, [_kernel_from_json(k) for k in meta["kernels"]]
-    text = _preprocess(source)
+    text = rewrite_address_spaces(_preprocess(source))
     kernels = find_kernels(text)
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}

@@ -33,7 +33,8 @@
 namespace {
 
 constexpr uint32_t kWidth = ETM_MSL_SIMD_WIDTH;
-constexpr size_t kStackBytes = 256 * 1024;
+// Virtual size; pages are committed as a kernel's thread touches them.
+constexpr size_t kStackBytes = 1024 * 1024;
 constexpr uint32_t kMaxThreadsPerGroup = 1024;
 
 // ---- context switching ------------------------------------------------------------------
@@ -92,7 +93,20 @@ struct SimdGroup {
   alignas(64) unsigned char slots[2][kWidth][ETM_MSL_SLOT_BYTES];
 };
 
-struct Group;
+struct Group {
+  etm_msl_entry entry;
+  void* const* args;
+  uint32_t n;          // threads in this threadgroup
+  uint32_t nsimd;      // its SIMD groups (the vectors below may be longer)
+  uint32_t started;    // threads handed to a fiber so far
+  uint32_t live;       // threads not returned
+  uint32_t at_barrier;
+  std::vector<Thread> threads;
+  std::vector<SimdGroup> simds;
+  std::vector<int32_t> runnable;
+  bool failed;
+  char message[512];
+};
 
 struct Worker {
   std::vector<Fiber*> fibers;  // all fibers this OS thread owns
@@ -100,6 +114,7 @@ struct Worker {
   Group* group = nullptr;
   int32_t current = -1;  // index of the running thread
   Fiber* current_fiber = nullptr;
+  Group scratch;
 #if defined(__x86_64__)
   void* sched_sp = nullptr;
 #else
@@ -115,19 +130,7 @@ struct Worker {
 
 thread_local Worker tls_worker;
 
-struct Group {
-  etm_msl_entry entry;
-  void* const* args;
-  uint32_t n;          // threads in this threadgroup
-  uint32_t started;    // threads handed to a fiber so far
-  uint32_t live;       // threads not returned
-  uint32_t at_barrier;
-  std::vector<Thread> threads;
-  std::vector<SimdGroup> simds;
-  std::vector<int32_t> runnable;
-  bool failed;
-  char message[512];
-};
+
 
 void fail(Group* g, const char* fmt, ...) {
   if (g->failed) return;
@@ -261,7 +264,7 @@ void finish_thread(Group* g, int32_t t) {
 // Called when nothing can run: complete divergent SIMD operations, or report the deadlock.
 bool resolve_stall(Group* g) {
   bool progress = false;
-  for (uint32_t s = 0; s < g->simds.size() && !g->failed; s++) {
+  for (uint32_t s = 0; s < g->nsimd && !g->failed; s++) {
     if (g->simds[s].waiting) {
       complete_simd(g, s, -1);
       progress = true;
@@ -399,11 +402,12 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
   uint32_t groups[3];
   for (int d = 0; d < 3; d++) groups[d] = uint32_t((threads[d] + group[d] - 1) / group[d]);
 
-  Group g;
+  // The group's bookkeeping is kept per OS thread and only grows: a dispatch allocates nothing.
+  Group& g = w.scratch;
   g.entry = entry;
   g.args = args;
-  g.threads.resize(per_group);
-  g.simds.resize((per_group + kWidth - 1) / kWidth);
+  if (g.threads.size() < per_group) g.threads.resize(per_group);
+  if (g.simds.size() < (per_group + kWidth - 1) / kWidth) g.simds.resize((per_group + kWidth - 1) / kWidth);
   g.runnable.reserve(per_group);
   for (uint32_t gz = 0; gz < groups[2]; gz++)
     for (uint32_t gy = 0; gy < groups[1]; gy++)
@@ -417,6 +421,7 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
         const uint32_t n = size[0] * size[1] * size[2];
         const uint32_t nsimd = (n + kWidth - 1) / kWidth;
         g.n = n;
+        g.nsimd = nsimd;
         g.started = 0;
         g.live = n;
         g.at_barrier = 0;
@@ -449,6 +454,10 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
           t.simd_index = i / kWidth;
           t.simds_per_tg = nsimd;
           t.simd_size = kWidth;
+          t.dispatch_simds_per_tg = uint32_t((per_group + kWidth - 1) / kWidth);
+          t.quad_index = i / 4;
+          t.lane_in_quad = i % 4;
+          t.quads_per_tg = (n + 3) / 4;
           th.state = 0;
           th.fiber = nullptr;
           th.result_phase = 0;

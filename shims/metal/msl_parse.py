@@ -32,6 +32,10 @@ POSITION_FIELDS = {
     "simdgroups_per_threadgroup": ("simds_per_tg", 1),
     "threads_per_simdgroup": ("simd_size", 1),
     "thread_execution_width": ("simd_size", 1),
+    "dispatch_simdgroups_per_threadgroup": ("dispatch_simds_per_tg", 1),
+    "quadgroup_index_in_threadgroup": ("quad_index", 1),
+    "thread_index_in_quadgroup": ("lane_in_quad", 1),
+    "quadgroups_per_threadgroup": ("quads_per_tg", 1),
 }
 
 
@@ -156,6 +160,7 @@ def find_kernels(text: str) -> list[Kernel]:
     kernels: list[Kernel] = []
     for m in _KERNEL.finditer(text):
         start = _statement_start(text, m.start())
+        start += len(text[start:]) - len(text[start:].lstrip())
         head = text[start : m.start()]
         paren = text.find("(", m.end())
         if paren < 0:
@@ -201,23 +206,53 @@ def find_kernels(text: str) -> list[Kernel]:
 
 _THREADGROUP = re.compile(r"\bthreadgroup\b(?!\s*\()")
 _KERNEL_WORD = re.compile(r"\bkernel\b(?=\s+void\b)")
+_CONSTANT = re.compile(r"\bconstant\b")
+_DOUBLE_CONST = re.compile(r"\bconst(\s+)const\b")
+_MARKER = re.compile(r'^# \d+ "[^"]*"([ \d]*)$', re.M)
+
+
+def _in_library_code(text: str, fn) -> str:
+    """Apply ``fn`` to the parts of preprocessed text that come from the library and c10's
+    headers, not from system headers (line-marker flag 3), whose identifiers are their own."""
+    out, pos, system = [], 0, False
+    for m in _MARKER.finditer(text):
+        chunk = text[pos : m.start()]
+        out.append(chunk if system else fn(chunk))
+        out.append(m.group(0))
+        system = "3" in m.group(1).split()
+        pos = m.end()
+    tail = text[pos:]
+    out.append(tail if system else fn(tail))
+    return "".join(out)
+
+
+def constant_to_const(text: str) -> str:
+    """``constant`` -> ``const`` (read-only memory), without doubling an existing ``const``."""
+    return _DOUBLE_CONST.sub(r"const\1", _CONSTANT.sub("const", text))
+
+
+def rewrite_address_spaces(text: str) -> str:
+    return _in_library_code(text, constant_to_const)
 
 
 def rewrite(text: str) -> str:
     """Make the preprocessed library plain C++: drop ``kernel``, turn threadgroup-memory
     declarations into ``static thread_local`` and drop the pointer qualifier elsewhere."""
-    text = _KERNEL_WORD.sub("      ", text)
 
-    def tg(m: re.Match) -> str:
-        before = text[: m.start()].rstrip()
-        after = text[m.end() :]
-        stmt_end = re.match(r"[^;(){}]*;", after)
-        at_statement_start = not before or before[-1] in ";{}" or before.endswith("]]")
-        if at_statement_start and stmt_end:
-            return "static thread_local"
-        return " "
+    def one(chunk: str) -> str:
+        chunk = _KERNEL_WORD.sub("      ", chunk)
 
-    return _THREADGROUP.sub(tg, text)
+        def tg(m: re.Match) -> str:
+            before = chunk[: m.start()].rstrip()
+            stmt_end = re.match(r"[^;(){}]*;", chunk[m.end() :])
+            at_statement_start = not before or before[-1] in ";{}" or before.endswith("]]")
+            if at_statement_start and stmt_end:
+                return "static thread_local"
+            return " "
+
+        return _THREADGROUP.sub(tg, chunk)
+
+    return _in_library_code(text, one)
 
 
 def entry_source(kernels: list[Kernel]) -> str:
