@@ -41,6 +41,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ def compiler() -> str | None:
     """The C++ compiler the build uses (``$CXX``, else ``g++``/``c++`` on PATH)."""
     env = os.environ.get("CXX")
     if env:
-        return shutil.which(env) or env
+        return shutil.which(env)  # a $CXX that does not exist is not silently replaced
     return shutil.which("g++") or shutil.which("c++")
 
 
@@ -99,7 +100,9 @@ def build_mps_emulated(
     ep: ExportedProgram, options: dict[str, Any], out_dir: Path
 ) -> MpsEmulatedBuild:
     """Generate ``ep``'s Metal wrapper and build it into ``out_dir/model.so``."""
+    start = time.monotonic()
     paths = generate(ep, options)
+    generated = time.monotonic()
     cpp = _one(paths, ".wrapper.cpp")
     if cpp is None:
         raise MpsEmulatedBuildError(
@@ -112,6 +115,11 @@ def build_mps_emulated(
     so = out_dir / "model.so"
     compile_wrapper(Path(cpp), [Path(o) for o in objects], _defines(flags), so)
     check_undefined_symbols(so)
+    log.info(
+        "mps_emulated: Metal codegen %.1f s, wrapper build %.1f s",
+        generated - start,
+        time.monotonic() - generated,
+    )
     return MpsEmulatedBuild(so, Path(blob) if blob else None, Path(cpp))
 
 

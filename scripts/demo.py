@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--runs", type=int, default=50, help="timed executes per model")
     parser.add_argument(
+        "--target",
+        choices=("auto", "host", "mps", "mps_emulated"),
+        default="auto",
+        help="Metal target to lower for (default: %(default)s; mps_emulated = Inductor's real "
+        "Metal code run on etmetal's emulated Metal device)",
+    )
+    parser.add_argument(
         "--case",
         action="append",
         metavar="NAME",
@@ -79,7 +86,7 @@ def _interleaved_ms(a, b, runs: int) -> tuple[float, float]:
     return statistics.median(ta), statistics.median(tb)
 
 
-def demo_model(name: str, out_dir: Path, runs: int) -> DemoResult:
+def demo_model(name: str, out_dir: Path, runs: int, target: str = "auto") -> DemoResult:
     from etmetal.backends.aoti_compile import compile_stats
     from etmetal.runtime import Runtime
     from etmetal.scripts.export import lower
@@ -90,7 +97,7 @@ def demo_model(name: str, out_dir: Path, runs: int) -> DemoResult:
     module, inputs = get_demo(name)
     before = compile_stats()
     start = time.perf_counter()
-    program, partitioner = lower(module, inputs)  # MetalPartitioner(): target auto
+    program, partitioner = lower(module, inputs, target=target)
     lower_s = time.perf_counter() - start
     after = compile_stats()
     compiled = after["compiles"] - before["compiles"]
@@ -178,6 +185,13 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown demo model(s) {unknown}; choose from {', '.join(DEMO_MODELS_BY_NAME)}")
         return 2
+    if args.target == "mps_emulated":
+        from etmetal.scripts.doctor import mps_emulated_compile, mps_emulated_run
+
+        for what, (ok, why) in (("build", mps_emulated_compile()), ("run", mps_emulated_run())):
+            if not ok:
+                print(f"etmetal demo --target mps_emulated: this host cannot {what} it: {why}")
+                return 2
     # AOTI compile progress (a tqdm counter on a terminal, else a line every few seconds)
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
     logging.getLogger("etmetal.backends.aoti_compile").setLevel(logging.INFO)
@@ -186,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for name in names:
         try:
-            results.append(demo_model(name, out_dir, max(args.runs, 1)))
+            results.append(demo_model(name, out_dir, max(args.runs, 1), args.target))
         except Exception as exc:  # report and go on with the next model
             print(f"{name} FAILED: {type(exc).__name__}: {exc}")
             traceback.print_exc(file=sys.stderr)
