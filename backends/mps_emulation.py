@@ -226,7 +226,26 @@ def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
             return torch.Tensor.item(self)
         return real.item()
 
+    folder = joint_graph.UniformValueConstantFolder
+    deduce_value = folder._deduce_value
+
+    def deduce_on_cpu(self: Any, node: torch.fx.Node) -> Any:
+        # the uniform-value folder evaluates ``full`` for real (a 1-element tensor standing
+        # for the value) on the node's device; an mps tensor cannot be made here
+        device = node.kwargs.get("device") if node.op == "call_function" else None
+        if (
+            node.target is not torch.ops.aten.full.default
+            or torch.device(device or "cpu").type != "mps"
+        ):
+            return deduce_value(self, node)
+        args, _ = self.fetch_args_kwargs_from_env(node)
+        value = args[1] if len(args) == 2 else None
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or value is None:
+            return deduce_value(self, node)
+        return torch.ops.aten.full.default([1], value, **{**node.kwargs, "device": cpu})
+
     patches = [
+        mock.patch.object(folder, "_deduce_value", deduce_on_cpu),
         mock.patch.object(joint_graph, "lazy_init", lambda *_a, **_k: joint_init(cpu)),
         mock.patch.object(freezing_patterns, "lazy_init", lambda *_a, **_k: freezing_init(cpu)),
         mock.patch.object(

@@ -138,9 +138,10 @@ def convolution(
     groups,
     ret0,
 ):
+    x, w = _in(input, "input"), _in(weight, "weight")
     y = aten.convolution(
-        _in(input, "input"),
-        _in(weight, "weight"),
+        x,
+        w,
         _opt_in(bias, "bias"),
         read_i64s(stride, stride_len, "stride"),
         read_i64s(padding, padding_len, "padding"),
@@ -149,7 +150,18 @@ def convolution(
         read_i64s(output_padding, output_padding_len, "output_padding"),
         groups,
     )
+    if _RESULT_DEVICE[0] == DEVICE_CODES["mps"]:
+        # the layout Inductor compiled against (the wrapper asserts it): the fake mps
+        # convolution picks it with the Mps backend's rule, ATen's CPU kernels by theirs
+        y = y.contiguous(memory_format=_mps_conv_memory_format(x, w))
     _ret(ret0, y, "ret0")
+
+
+def _mps_conv_memory_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_format:
+    """The output layout of an mps convolution, by the rule fake tensors use at compile time."""
+    if x.dim() < 4:
+        return torch.contiguous_format
+    return torch._C._conv_determine_backend_memory_format(x, w, torch._C._ConvBackend.Mps)
 
 
 def _adaptive_avg_pool(op):
