@@ -230,19 +230,18 @@ def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
     deduce_value = folder._deduce_value
 
     def deduce_on_cpu(self: Any, node: torch.fx.Node) -> Any:
-        # the uniform-value folder evaluates ``full`` for real (a 1-element tensor standing
-        # for the value) on the node's device; an mps tensor cannot be made here
+        # the uniform-value folder evaluates constructors and pointwise ops for real (on
+        # 1-element stand-ins) with the node's device kwarg: an mps tensor cannot be made
+        # here, so they are evaluated on the CPU (the value, not the device, is what it keeps)
         device = node.kwargs.get("device") if node.op == "call_function" else None
-        if (
-            node.target is not torch.ops.aten.full.default
-            or torch.device(device or "cpu").type != "mps"
-        ):
+        if device is None or torch.device(device).type != "mps":
             return deduce_value(self, node)
-        args, _ = self.fetch_args_kwargs_from_env(node)
-        value = args[1] if len(args) == 2 else None
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or value is None:
+        kwargs = node.kwargs
+        node.kwargs = {**kwargs, "device": cpu}
+        try:
             return deduce_value(self, node)
-        return torch.ops.aten.full.default([1], value, **{**node.kwargs, "device": cpu})
+        finally:
+            node.kwargs = kwargs
 
     patches = [
         mock.patch.object(folder, "_deduce_value", deduce_on_cpu),
