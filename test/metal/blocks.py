@@ -78,8 +78,9 @@ class VitBlock(nn.Module):
         x = self.embed(img).flatten(2).transpose(1, 2)
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
         b, s, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
-        q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        # timm's layout: one qkv projection split into (3, batch, heads, seq, head_dim)
+        qkv = self.qkv(self.norm1(x)).reshape(b, s, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         att = F.scaled_dot_product_attention(q, k, v)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
         x = x + self.mlp(self.norm2(x))
