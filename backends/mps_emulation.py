@@ -24,6 +24,14 @@ exit, also when the compile fails):
    constant table (device, offset, size of each constant) is generated from the fakes,
    as on a Mac from the ``mps`` tensors; only the weights serialization, which runs in
    ``AotCodeCompiler.compile`` after code generation, reads the real tensors.
+5. Inductor's joint-graph constant folding (``UniformValueConstantFolder``) evaluates
+   constant subgraphs with real tensors on their device (``full(..., device=mps)``, the
+   scale of an attention): here it evaluates them on the CPU with the constants' real
+   values. Only the folded *values* are kept (the replacement ``full`` takes its device
+   from the graph), so the generated code is the one a Mac gets.
+6. The decompositions a macOS build of torch makes on ``mps`` and a Linux build does not
+   (:mod:`.mps_decompositions`: attention becomes the Metal math fallback) apply while
+   Inductor traces.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export import ExportedProgram
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .mps_decompositions import MacMpsDecompositions
 
 # what the emulated device says it is (a base M1: the core count sizes reductions)
 EMULATED_CORE_COUNT = 8
@@ -84,6 +95,35 @@ class RealConstants:
 
     def real_by_name(self, name: str) -> torch.Tensor | None:
         return self._by_name.get(name)
+
+
+class _Unresolved(Exception):
+    """A fake tensor without real values reached constant folding: do not fold it."""
+
+
+class _FoldOnCpu(TorchDispatchMode):
+    """Runs ops asked for on ``mps`` on the CPU, with fake constants replaced by their
+    real values (constant folding computes real values; there is no mps device here)."""
+
+    def __init__(self, reals: RealConstants) -> None:
+        super().__init__()
+        self.reals = reals
+
+    def _real(self, value: Any) -> Any:
+        if isinstance(value, FakeTensor):
+            real = self.reals.real_of(value)
+            if real is None:
+                raise _Unresolved
+            return real
+        if isinstance(value, torch.device) and value.type == "mps":
+            return torch.device("cpu")
+        if isinstance(value, str) and value.startswith("mps"):
+            return "cpu"
+        return value
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        args, kwargs = pytree.tree_map(self._real, (args, kwargs or {}))
+        return func(*args, **kwargs)
 
 
 def _fake_mps_like(mode: FakeTensorMode, value: torch.Tensor) -> torch.Tensor:
@@ -167,7 +207,7 @@ def _replace_attr(
 
 @contextlib.contextmanager
 def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
-    """The four patches (see the module doc), applied for one compile and always undone."""
+    """The patches (see the module doc), applied for one compile and always undone."""
     from unittest import mock
 
     import torch._inductor.codegen.cpp_wrapper_gpu as cpp_wrapper_gpu
@@ -184,6 +224,14 @@ def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
     aot_compile = AotCodeCompiler.compile.__func__
     serializing = [False]
     fake_tolist = FakeTensor.tolist
+    fold_node = joint_graph.UniformValueConstantFolder.run_node
+
+    def fold_on_cpu(self: Any, node: torch.fx.Node) -> Any:
+        try:
+            with _FoldOnCpu(reals):
+                return fold_node(self, node)
+        except _Unresolved:
+            return self.unknown_value
 
     def is_same_tensor(data: torch.Tensor, value: torch.Tensor) -> bool:
         a, b = reals.real_of(data), reals.real_of(value)
@@ -257,6 +305,8 @@ def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
         mock.patch.object(AotCodeCompiler, "compile", classmethod(serialize)),
         mock.patch.object(FakeTensor, "tolist", tolist),
         mock.patch.object(FakeTensor, "item", item, create=True),
+        mock.patch.object(joint_graph.UniformValueConstantFolder, "run_node", fold_on_cpu),
+        MacMpsDecompositions(),
     ]
     with contextlib.ExitStack() as stack:
         for patch in patches:

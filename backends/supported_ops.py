@@ -14,6 +14,7 @@ resulting operator is classified the way Inductor's lowering would treat it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -324,9 +325,17 @@ class TargetCapabilities:
         def run(*flat: Any) -> Any:
             return op(*flat, **kwargs)
 
-        gm = make_fx(
-            run, decomposition_table=self._decomps, tracing_mode="fake", _allow_non_fake_inputs=True
-        )(*args)
+        with contextlib.ExitStack() as stack:
+            if self.device == "mps":  # what a macOS torch decomposes differently on mps
+                from .mps_decompositions import MacMpsDecompositions
+
+                stack.enter_context(MacMpsDecompositions())
+            gm = make_fx(
+                run,
+                decomposition_table=self._decomps,
+                tracing_mode="fake",
+                _allow_non_fake_inputs=True,
+            )(*args)
         return [n for n in gm.graph.nodes if n.op == "call_function"]
 
     def _check_control_flow(self, node: torch.fx.Node) -> OpVerdict:

@@ -31,8 +31,8 @@ def _median_us(method, inputs, runs: int) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from etmetal.runtime import Runtime  # noqa: I001 - models.demo arrives with the delegate branch
-    from etmetal.scripts.export import lower
-    from etmetal.scripts.models.demo import DEMO_MODELS, get_demo
+    from etmetal.backends.lowering import lower
+    from etmetal.examples.demo import DEMO_MODELS, get_demo
 
     torch.set_num_threads(args.threads)  # the worker takes the host's thread count
     names = args.models or [m.name for m in DEMO_MODELS]

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from etmetal.examples.bench import models
 from etmetal.scripts import benchmarking as bm
-from etmetal.scripts.models.bench import models
 
 TARGET = 0.1
 

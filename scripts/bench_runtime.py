@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from etmetal.examples.bench import models
 from etmetal.runtime.errors import EtmetalRuntimeError
 from etmetal.scripts import benchmarking as bm
-from etmetal.scripts.models.bench import models
 
 MODELS = ("mlp", "cnn", "transformer")
 TARGET_VS_STOCK = 0.1

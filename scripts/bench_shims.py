@@ -117,7 +117,7 @@ def bench_calls(n: int) -> dict[str, float]:
 
 def bench_models(runs: int) -> list[tuple[str, float, float]]:
     from etmetal.backends.aoti_compile import compile_exported_program
-    from etmetal.scripts.models.strided_views import CASES, exported
+    from etmetal.examples.strided_views import CASES, exported
     from etmetal.shims import AotiModel, load_bridge
 
     bridge = load_bridge()

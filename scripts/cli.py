@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("etmetal.scripts.demo", "lower and run the demo models end to end"),
     "export": ("etmetal.scripts.export", "export a model to a .pte with the Metal partitioner"),
     "run": ("etmetal.scripts.run", "run a .pte with etmetal's runtime"),
-    "regress": ("etmetal.scripts.regress", "run a regression matrix (view-copy, cortex-m)"),
+    "regress": ("etmetal.scripts.regress", "run a regression suite (view-copy, cortex-m, backend-suite)"),
     "bench": ("etmetal.scripts.bench", "benchmarks against the stock tools"),
     "doctor": ("etmetal.scripts.doctor", "report versions, compiler and usable targets"),
 }

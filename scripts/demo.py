@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from etmetal.scripts import regress_view_copy
+from etmetal.testing import view_copy_matrix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,9 +88,9 @@ def _interleaved_ms(a, b, runs: int) -> tuple[float, float]:
 
 def demo_model(name: str, out_dir: Path, runs: int, target: str = "auto") -> DemoResult:
     from etmetal.backends.aoti_compile import compile_stats
+    from etmetal.backends.lowering import lower
+    from etmetal.examples.demo import DEMO_MODELS_BY_NAME, get_demo
     from etmetal.runtime import Runtime
-    from etmetal.scripts.export import lower
-    from etmetal.scripts.models.demo import DEMO_MODELS_BY_NAME, get_demo
 
     spec = DEMO_MODELS_BY_NAME[name]
     print(f"\n== {name}: {spec.description}", flush=True)
@@ -146,18 +146,18 @@ def demo_model(name: str, out_dir: Path, runs: int, target: str = "auto") -> Dem
 
 def view_copy_section(case_names: list[str] | None = None) -> tuple[str, bool]:
     """The view_copy section's text and whether every etmetal row was exact."""
-    from etmetal.scripts.models.view_copy import CASES, get_case
+    from etmetal.examples.view_copy import CASES, get_case
 
     cases = [get_case(name) for name in case_names] if case_names else CASES
-    rows = regress_view_copy.run_matrix(cases)
+    rows = view_copy_matrix.run_matrix(cases)
     text = "\n".join(
         [
             "view_copy on channels-last and other layouts, run with executorch.runtime",
             "(stock = ExecutorchBackendConfig(...), etmetal = etmetal.backend_config(...)):",
             "",
-            regress_view_copy.format_table(rows),
+            view_copy_matrix.format_table(rows),
             "",
-            regress_view_copy.summary(rows),
+            view_copy_matrix.summary(rows),
         ]
     )
     ok = all(row.exact for row in rows if row.lowering == "etmetal")
@@ -178,7 +178,7 @@ def summary_table(results: list[DemoResult]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from etmetal.scripts.models.demo import DEMO_MODELS, DEMO_MODELS_BY_NAME
+    from etmetal.examples.demo import DEMO_MODELS, DEMO_MODELS_BY_NAME
 
     names = args.model or [m.name for m in DEMO_MODELS]
     unknown = [n for n in names if n not in DEMO_MODELS_BY_NAME]

@@ -17,35 +17,8 @@ from typing import Any
 
 import torch
 
-from etmetal.scripts.models.metal_registry import REGISTRY, get_model_and_inputs
-
-
-def lower(
-    module: torch.nn.Module,
-    inputs: tuple[Any, ...],
-    *,
-    target: str = "auto",
-    compile_specs: list | None = None,
-    dynamic_shapes: Any = None,
-):
-    """Export, partition and lower ``module``; returns (ExecutorchProgramManager, partitioner)."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    from etmetal.partitioner.metal_partitioner import MetalPartitioner
-
-    partitioner = MetalPartitioner(compile_specs, target=target)
-    with torch.no_grad():
-        ep = torch.export.export(module.eval(), inputs, dynamic_shapes=dynamic_shapes)
-    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
-    return edge.to_executorch(_backend_config()), partitioner
-
-
-def _backend_config():
-    try:  # etmetal's layout-safe config, where this build has it
-        from etmetal.backends.config import backend_config
-    except ImportError:
-        return None
-    return backend_config()
+from etmetal.backends.lowering import lower
+from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 
 
 def resolve_model(spec: str, input_shapes: list[str]) -> tuple[torch.nn.Module, tuple[Any, ...]]:

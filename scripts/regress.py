@@ -11,6 +11,10 @@ SUITES = {
         "etmetal.scripts.regress_cortex_m",
         "lower ExecuTorch's Cortex-M model zoo and run it in etmetal's runtime",
     ),
+    "backend-suite": (
+        "etmetal.scripts.regress_backend_suite",
+        "ExecuTorch's backend conformance suite per flow (portable, etmetal, metal_host)",
+    ),
 }
 
 add_arguments, run = make_command(SUITES)

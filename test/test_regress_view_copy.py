@@ -7,7 +7,6 @@ asserted too, as an independent record of the defect the pass fixes.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import subprocess
@@ -16,8 +15,9 @@ import sys
 import pytest
 import torch
 
-from etmetal.scripts import regress_view_copy as regress
-from etmetal.scripts.models.view_copy import CASES, get_case
+from etmetal.examples.view_copy import CASES, get_case
+from etmetal.scripts.cli import main as cli
+from etmetal.testing import view_copy_matrix as regress
 
 CONFIGS = [
     pytest.param(skip, remove, id=f"skip_dim_order={skip}-remove_view_copy={remove}")
@@ -96,8 +96,7 @@ def test_stock_lowering_of_patch_embedding_is_wrong_or_rejected(skip_dim_order):
 
 
 def test_matrix_rows_and_json(capsys):
-    args = argparse.Namespace(json=True, case=["patch_embed"])
-    assert regress.run(args) == 0
+    assert cli(["regress", "view-copy", "--json", "--case", "patch_embed"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 8
     assert {r["lowering"] for r in rows} == {"stock", "etmetal"}
@@ -117,13 +116,13 @@ def test_exit_code_is_nonzero_when_an_etmetal_row_is_not_exact(monkeypatch, caps
         "backend_config",
         lambda remove_view_copy=True: ExecutorchBackendConfig(remove_view_copy=remove_view_copy),
     )
-    assert regress.run(argparse.Namespace(json=False, case=["patch_embed"])) == 1
+    assert cli(["regress", "view-copy", "--case", "patch_embed"]) == 1
     out = capsys.readouterr().out
     assert "etmetal: 0/4 exact" in out
 
 
 def test_unknown_case_is_an_error_naming_it(capsys):
-    assert regress.run(argparse.Namespace(json=False, case=["nope"])) == 2
+    assert cli(["regress", "view-copy", "--case", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
 
 

@@ -22,8 +22,8 @@ from etmetal.backends.passes.layout_safe_view_copy import (
     LayoutSafeViewCopyPass,
     is_view_copy,
 )
-from etmetal.scripts.models.view_copy import get_case
-from etmetal.scripts.regress_view_copy import (
+from etmetal.examples.view_copy import get_case
+from etmetal.testing.view_copy_matrix import (
     eager_outputs,
     kernel_calls,
     lower,

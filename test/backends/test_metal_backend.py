@@ -20,10 +20,10 @@ from executorch.exir._serialize._program import deserialize_pte_binary
 from torch import nn
 
 from etmetal.backends import aoti_compile
+from etmetal.backends.lowering import lower
 from etmetal.backends.metal_backend import BACKEND_ID, DELEGATE_ID, EtmetalMetalBackend
+from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.partitioner.metal_partitioner import MetalPartitioner
-from etmetal.scripts.export import lower
-from etmetal.scripts.models.metal_registry import REGISTRY, get_model_and_inputs
 
 _EXTERN = re.compile(rb"aoti_torch_cpu_[A-Za-z0-9_]+")
 
@@ -269,7 +269,7 @@ _UPSTREAM_FIRST = textwrap.dedent(
     from executorch.exir import to_edge, to_edge_transform_and_lower
     from executorch.exir.backend.backend_api import to_backend
     from executorch.exir._serialize._program import deserialize_pte_binary
-    from etmetal.scripts.models.metal_registry import get_model_and_inputs
+    from etmetal.examples.metal_registry import get_model_and_inputs
 
     partitioner = etmetal.MetalPartitioner(target="host")  # defines etmetal's backend classes
     from executorch.exir.backend.backend_details import BackendDetails

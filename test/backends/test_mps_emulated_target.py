@@ -134,11 +134,15 @@ def _patched_state():
         "joint_graph.lazy_init": joint_graph.lazy_init,
         "freezing_patterns.lazy_init": freezing_patterns.lazy_init,
         "get_gpu_type": cpp_wrapper_gpu.get_gpu_type,
+        "torch_function_modes": torch.overrides._get_current_function_mode_stack(),
         "is_same_tensor": inductor_graph.is_same_tensor,
         "get_original_value_of_constant": GraphLowering.__dict__["get_original_value_of_constant"],
         "AotCodeCompiler.compile": AotCodeCompiler.__dict__["compile"],
         "FakeTensor.tolist": FakeTensor.__dict__.get("tolist"),
         "FakeTensor.item": FakeTensor.__dict__.get("item"),
+        "UniformValueConstantFolder.run_node": joint_graph.UniformValueConstantFolder.__dict__.get(
+            "run_node"
+        ),
         "_mps_get_core_count": getattr(torch._C, "_mps_get_core_count", None),
         "_mps_get_name": getattr(torch._C, "_mps_get_name", None),
     }

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etmetal.scripts.export import lower
+from etmetal.backends.lowering import lower
 
 # pytest runs with --import-mode=importlib: make this folder's helper modules importable
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,11 +1,11 @@
 """A bounded slice of ExecuTorch's backend conformance suite on the ``metal_host`` flow:
 lowered with ``MetalPartitioner(target="host")``, run by etmetal's runtime through the
 Metal delegate, compared by the suite itself against eager. The full operator suite is
-``python -m etmetal.scripts.backend_suite --flows metal_host``."""
+``python -m etmetal.testing.backend_suite --flows metal_host``."""
 
 from __future__ import annotations
 
-from etmetal.scripts import backend_suite
+from etmetal.testing import backend_suite
 
 # elementwise, broadcasting, pooling, matmul, conv, concatenation and layout ops
 SLICE = (

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from etmetal.examples.metal_registry import get_model_and_inputs
 from etmetal.runtime import InputError, Runtime
-from etmetal.scripts.models.metal_registry import get_model_and_inputs
 
 load = Runtime.get().load_program
 

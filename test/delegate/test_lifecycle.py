@@ -13,6 +13,7 @@ import torch
 from pte_surgery import flip_byte, metal_blobs, replace_blobs, split_named_data
 from torch import nn
 
+from etmetal.examples.metal_registry import get_model_and_inputs
 from etmetal.runtime import (
     DelegateError,
     ExecutionError,
@@ -23,7 +24,6 @@ from etmetal.runtime import (
     UntrustedNativeCodeError,
     metal_delegate,
 )
-from etmetal.scripts.models.metal_registry import get_model_and_inputs
 from etmetal.shims import memory_stats
 
 load = Runtime.get().load_program

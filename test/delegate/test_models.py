@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from etmetal.examples import strided_views
+from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.runtime import Runtime
-from etmetal.scripts.models import strided_views
-from etmetal.scripts.models.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.shims import memory_stats
 
 

@@ -14,10 +14,10 @@ from executorch.exir import to_edge_transform_and_lower
 import etmetal.backends.metal_backend as metal_backend
 from etmetal.backends.aoti_compile import compile_exported_program
 from etmetal.backends.config import backend_config
+from etmetal.examples import strided_views
+from etmetal.examples.metal_registry import get_model_and_inputs
 from etmetal.partitioner.metal_partitioner import MetalPartitioner
 from etmetal.runtime import Runtime
-from etmetal.scripts.models import strided_views
-from etmetal.scripts.models.metal_registry import get_model_and_inputs
 from etmetal.shims import memory_stats
 
 _TORCH_RUNNER = """

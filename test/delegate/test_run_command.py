@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from etmetal.examples.metal_registry import get_model_and_inputs
 from etmetal.runtime import metal_delegate
 from etmetal.scripts.cli import main
-from etmetal.scripts.models.metal_registry import get_model_and_inputs
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 class Demo:
     def __init__(self, name: str):
-        from etmetal.scripts.export import lower  # noqa: I001 - models.demo: delegate branch
-        from etmetal.scripts.models.demo import get_demo
+        from etmetal.backends.lowering import lower  # noqa: I001 - models.demo: delegate branch
+        from etmetal.examples.demo import get_demo
 
         self.name = name
         self.module, inputs = get_demo(name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from etmetal.scripts.bench_fuzz import build_seeds, run_campaign, summary
+from etmetal.testing.fuzz import build_seeds, run_campaign, summary
 
 CASES = int(os.environ.get("ETMETAL_HARDENING_FUZZ_CASES", 1000))
 SEED = int(os.environ.get("ETMETAL_FUZZ_SEED", 2026))

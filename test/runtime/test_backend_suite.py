@@ -2,12 +2,12 @@
 
 Both flows lower identically (no delegation) and see the same inputs (the plugin pins
 the suite's seed); they differ only in the runtime that runs the ``.pte``. The full
-operator suite runs with ``python -m etmetal.scripts.backend_suite``.
+operator suite runs with ``python -m etmetal.testing.backend_suite``.
 """
 
 from __future__ import annotations
 
-from etmetal.scripts.backend_suite import compare, run_flows
+from etmetal.testing.backend_suite import compare, run_flows
 
 FILES = ["test_view.py", "test_split.py", "test_adaptive_avgpool3d.py"]
 

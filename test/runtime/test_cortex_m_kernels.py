@@ -557,7 +557,7 @@ def test_zoo_dialect_program_on_etmetal_kernels_is_bit_exact(case_name):
     from executorch.backends.cortex_m.test.tester import CortexMTester
     from executorch.backends.test.harness.stages import StageType
 
-    from etmetal.scripts.models.cortex_m_zoo import zoo
+    from etmetal.examples.cortex_m_zoo import zoo
 
     model, inputs = zoo()[case_name].build()
     tester = CortexMTester(model, inputs)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from executorch.exir import ExecutorchBackendConfig
 
-from etmetal.scripts.bench_fuzz import run_campaign
+from etmetal.testing.fuzz import run_campaign
 
 WORKER = Path(__file__).with_name("fuzz_worker.py")
 # longer campaigns: ETMETAL_FUZZ_CASES=20000 ETMETAL_FUZZ_SEED=7 pytest test/runtime/test_fuzz.py -s

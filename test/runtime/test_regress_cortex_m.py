@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from etmetal.scripts.models.cortex_m_zoo import zoo
-from etmetal.scripts.regress_cortex_m import run_case
+from etmetal.examples.cortex_m_zoo import zoo
+from etmetal.testing.cortex_m_check import run_case
 
 # the MLPerf Tiny models that lower in seconds, and module cases reaching the operators
 # they do not: softmax, max pooling, mul, minimum (hardswish), transposed convolution,

@@ -1,7 +1,7 @@
 """The ``aten::view_copy.out`` override: logical element order for any dim order.
 
 Kernel-level cases check it against eager ``reshape``; the regression matrix of
-``scripts/models/view_copy.py`` checks whole programs lowered without the stock-kernel
+``examples/view_copy.py`` checks whole programs lowered without the stock-kernel
 legalization (so every non-default-dim-order ``view_copy`` reaches the kernel).
 """
 
@@ -99,12 +99,12 @@ def test_rank_mismatch_with_out_is_an_error():
 
 # ------------------------------------------------------------------ regression matrix
 
-from etmetal.scripts.models.view_copy import CASES, get_case  # noqa: E402
+from etmetal.examples.view_copy import CASES, get_case  # noqa: E402
 
 
 @functools.cache
 def _edge(case_name: str, skip_dim_order: bool):
-    from etmetal.scripts.regress_view_copy import to_edge_for
+    from etmetal.testing.view_copy_matrix import to_edge_for
 
     return to_edge_for(get_case(case_name), skip_dim_order=skip_dim_order)
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from etmetal.backends.aoti_compile import compile_exported_program
-from etmetal.scripts.models.strided_views import CASES, CASES_BY_NAME, exported
+from etmetal.examples.strided_views import CASES, CASES_BY_NAME, exported
 from etmetal.shims import (
     HOST_ALLOCATOR,
     AotiModel,

@@ -1,4 +1,4 @@
-"""Fuzz worker (``python -m etmetal.scripts.fuzz_worker SEEDS FIRST COUNT SEED``).
+"""Fuzz worker (``python -m etmetal.testing.fuzz_worker SEEDS FIRST COUNT SEED``).
 
 Runs cases ``FIRST .. FIRST+COUNT-1`` of a seeded campaign over Metal-delegated programs
 and prints ``start <id>`` before and ``<id> <outcome> <kind> <detail>`` after each case,

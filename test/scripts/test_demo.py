@@ -7,9 +7,9 @@ import argparse
 
 import torch
 
+from etmetal.examples.demo import DEMO_MODELS, get_demo
 from etmetal.runtime import Runtime
 from etmetal.scripts import demo
-from etmetal.scripts.models.demo import DEMO_MODELS, get_demo
 
 
 def test_demo_command_lowers_runs_and_matches_eager(tmp_path, capsys):

@@ -35,7 +35,7 @@ import torch
 from filelock import FileLock
 
 from etmetal.backends.aoti_compile import default_cache_dir
-from etmetal.scripts.models.cortex_m_zoo import ZooCase
+from etmetal.examples.cortex_m_zoo import ZooCase
 
 # bump when the layout of a cache entry or the lowering recipe changes
 _CACHE_FORMAT = 1

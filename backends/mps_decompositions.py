@@ -1,0 +1,80 @@
+"""Decompositions a macOS build of torch makes on ``mps`` that a Linux build does not.
+
+``aten.scaled_dot_product_attention`` is a C++ composite whose ``mps`` branch is compiled
+only into macOS wheels (``#ifdef USE_MPS`` in ``attention.cpp``): there, math attention
+on an ``mps`` query becomes ``aten._scaled_dot_product_attention_math_for_mps``, a
+Metal fallback (``aoti_torch_mps__scaled_dot_product_attention_math_for_mps_v2``).
+A Linux wheel takes the generic math path (``bmm`` + softmax) even for fake ``mps``
+tensors, so Inductor would generate a different Metal program than a Mac does.
+:class:`MacMpsDecompositions` restores the Mac's choice while the ``mps`` partitioner
+predicts and while ``mps_emulated`` compiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+aten = torch.ops.aten
+
+
+def _boolean_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> Any:
+    # as attention.cpp's convert_boolean_attn_mask: True keeps, False gets -inf
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(
+        mask, torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype)
+    )
+
+
+def sdpa_as_on_a_mac(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """The macOS composite's ``mps`` math branch; other cases decompose as usual."""
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    nested = any(t.is_nested for t in (query, key, value))
+    # (macOS 15+ takes non-contiguous inputs too, which is what a current Mac runs)
+    if query.device.type != "mps" or dropout_p != 0.0 or grads or nested:
+        return NotImplemented
+    mask = _boolean_mask_to_additive(attn_mask, query.dtype)
+    out = aten._scaled_dot_product_attention_math_for_mps.default(
+        query, key, value, mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+    )
+    return out[0]
+
+
+MAC_MPS_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.scaled_dot_product_attention.default: sdpa_as_on_a_mac,
+    torch.nn.functional.scaled_dot_product_attention: sdpa_as_on_a_mac,
+}
+
+
+class MacMpsDecompositions(TorchFunctionMode):
+    """Applies :data:`MAC_MPS_DECOMPOSITIONS` while tracing.
+
+    A decomposition table cannot do it: ``scaled_dot_product_attention`` is a C++
+    ``CompositeImplicitAutograd`` kernel, which runs (and on a fake ``mps`` tensor in a
+    Linux build, fails in its backend choice) before any dispatch-level table is asked.
+    ``__torch_function__`` sees the call first.
+    """
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Any = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        decomposition = MAC_MPS_DECOMPOSITIONS.get(func)
+        if decomposition is not None:
+            out = decomposition(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return func(*args, **kwargs)

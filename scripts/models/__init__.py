@@ -1,1 +1,0 @@
-"""Model definitions shared by the tests, the CLI (demo, regress) and the benchmarks."""
