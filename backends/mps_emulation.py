@@ -274,25 +274,7 @@ def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
             return torch.Tensor.item(self)
         return real.item()
 
-    folder = joint_graph.UniformValueConstantFolder
-    deduce_value = folder._deduce_value
-
-    def deduce_on_cpu(self: Any, node: torch.fx.Node) -> Any:
-        # the uniform-value folder evaluates constructors and pointwise ops for real (on
-        # 1-element stand-ins) with the node's device kwarg: an mps tensor cannot be made
-        # here, so they are evaluated on the CPU (the value, not the device, is what it keeps)
-        device = node.kwargs.get("device") if node.op == "call_function" else None
-        if device is None or torch.device(device).type != "mps":
-            return deduce_value(self, node)
-        kwargs = node.kwargs
-        node.kwargs = {**kwargs, "device": cpu}
-        try:
-            return deduce_value(self, node)
-        finally:
-            node.kwargs = kwargs
-
     patches = [
-        mock.patch.object(folder, "_deduce_value", deduce_on_cpu),
         mock.patch.object(joint_graph, "lazy_init", lambda *_a, **_k: joint_init(cpu)),
         mock.patch.object(freezing_patterns, "lazy_init", lambda *_a, **_k: freezing_init(cpu)),
         mock.patch.object(

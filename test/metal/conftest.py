@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from etmetal.backends.lowering import lower
 from etmetal.runtime import Runtime
-from etmetal.scripts.export import lower
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -14,8 +14,8 @@ import ctypes
 import pytest
 import torch
 
+from etmetal.examples.strided_views import CASES_BY_NAME
 from etmetal.runtime import Runtime
-from etmetal.scripts.models.strided_views import CASES_BY_NAME
 from etmetal.shims import AotiModel, AotiModelError, c_api, last_error, memory_stats
 from etmetal.shims.metal import mps_device, mps_kernels, msl
 

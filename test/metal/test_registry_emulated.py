@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from etmetal.scripts.models.metal_registry import REGISTRY, get_model_and_inputs
+from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.shims import memory_stats
 from etmetal.shims.metal import mps_device
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from etmetal.scripts.models.strided_views import CASES_BY_NAME
+from etmetal.examples.strided_views import CASES_BY_NAME
 from etmetal.shims import AotiModel, memory_stats
 from etmetal.shims.metal import mps_device
 
