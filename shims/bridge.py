@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
     from .context import ShimContext
 
 CHECK_SHIM = "aoti_torch_check"
+
+
+def _unbind_at_exit(bridge_ref: weakref.ref) -> None:
+    bridge = bridge_ref()
+    if bridge is not None:
+        bridge.unbind()
 
 
 class BridgeError(RuntimeError):
@@ -242,7 +249,8 @@ class Bridge:
         # static destructors of loaded models run after the interpreter is gone (the Metal
         # wrapper deletes its shader libraries then): from exit on, shims answer "unbound"
         # in C instead of calling into a finalized Python
-        atexit.register(self.unbind)
+        # (through a weak reference: the exit hook must not keep a context's bridge alive)
+        atexit.register(_unbind_at_exit, weakref.ref(self))
         self.constants = {n: v for n, v in constant_shims().items() if hasattr(self.lib, n)}
         self.exported = (
             frozenset(self.forwarded)
