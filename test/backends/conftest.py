@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from etmetal.scripts.export import lower
-from etmetal.scripts.models.metal_registry import get_model_and_inputs
+from etmetal.backends.lowering import lower
+from etmetal.examples.metal_registry import get_model_and_inputs
 
 
 class EmulatedProgram:

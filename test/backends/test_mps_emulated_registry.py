@@ -16,7 +16,7 @@ from executorch.exir._serialize._program import deserialize_pte_binary
 
 from etmetal.backends.mps_abi import fallback_calls, fallback_calls_in_source
 from etmetal.backends.mps_emulated_compile import undefined_symbols
-from etmetal.scripts.models.metal_registry import REGISTRY
+from etmetal.examples.metal_registry import REGISTRY
 
 SYSTEM_VERSION = re.compile(r"^(GLIBC|GLIBCXX|CXXABI|GCC)_")
 
