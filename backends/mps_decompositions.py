@@ -78,3 +78,27 @@ class MacMpsDecompositions(TorchFunctionMode):
             if out is not NotImplemented:
                 return out
         return func(*args, **kwargs)
+
+
+def views_as_reshapes(gm: torch.fx.GraphModule) -> int:
+    """Turn the program's ``aten.view`` calls into ``aten.reshape``; returns how many.
+
+    Export traced the program with CPU kernels and recorded ``reshape`` as ``view``
+    wherever the CPU producer's layout allowed it, e.g. ``att.transpose(1, 2).reshape``
+    after CPU flash attention, whose output is laid out (batch, seq, heads, dim). On
+    ``mps`` the producer is a different kernel (the Metal math attention returns a
+    contiguous (batch, heads, seq, dim) tensor), so the recorded view no longer applies.
+    ``reshape`` is a view wherever one exists and a copy elsewhere, so in the functional
+    graph Inductor compiles it means the same as the view on the CPU layout, and Inductor
+    decides from the ``mps`` layouts, as it would for the source program on a Mac.
+    """
+    count = 0
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op == "call_function" and node.target is aten.view.default:
+                node.target = aten.reshape.default
+                count += 1
+        module.recompile()
+    return count

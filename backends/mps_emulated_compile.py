@@ -49,12 +49,13 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from .mps_decompositions import views_as_reshapes
 from .mps_emulation import emulated_mps_codegen, fake_mps_module
 
 log = logging.getLogger(__name__)
 
 # part of the cache key: bump when the build below changes
-BUILD_RECIPE = "g++ -std=c++20 -O1 -DUSE_MPS, no libtorch, v1"
+BUILD_RECIPE = "g++ -std=c++20 -O1 -DUSE_MPS, no libtorch, views as reshapes, v2"
 
 # libraries a .so may bind to besides the shims: versioned glibc/libstdc++/libgcc symbols
 _SYSTEM_VERSIONS = ("GLIBC_", "GLIBCXX_", "CXXABI_", "GCC_")
@@ -90,6 +91,7 @@ def compiler() -> str | None:
 def generate(ep: ExportedProgram, options: dict[str, Any]) -> list[str]:
     """Inductor's ``mps`` code generation for ``ep`` (the C++ package only, no build)."""
     gm, inputs, reals = fake_mps_module(ep)
+    views_as_reshapes(gm)  # views export fitted to CPU layouts; mps kernels may differ
     options = {**options, "aot_inductor.package": True, "aot_inductor.package_cpp_only": True}
     with torch.no_grad(), emulated_mps_codegen(reals):
         paths = torch._inductor.aot_compile(gm, inputs, options=options)

@@ -8,6 +8,13 @@ loads it through the shim bridge and creates the model container with its consta
 borrowed from the weights blob. ``execute`` lends the runtime's planned input memory
 to the ``.so`` (no copy) and copies the results into the planned outputs.
 
+A delegate compiled for ``mps_emulated`` (compile spec ``target``) is Inductor's real
+Metal program with its wrapper built for this CPU: its container is created for device
+``"mps"``, it loads its constants into an ``aoti_torch_mps_malloc`` buffer
+(``aoti_torch_mps_memcpy`` from the weights blob), the runtime's inputs are lent to it
+as ``mps`` tensors over the same memory, and its kernels run on etmetal's emulated
+Metal device (``etmetal.shims.metal``).
+
 Trust: a ``.so`` is native code with the caller's privileges, so it runs only when
 one of these holds (checked in this order):
 
@@ -41,8 +48,10 @@ from .tempfiles import remove as remove_private_dir
 BACKEND_ID = "MetalBackend"
 TRUST_ENV = "ETMETAL_TRUST_NATIVE_CODE"
 TRUSTED_BLOBS_ENV = "ETMETAL_TRUSTED_BLOBS"
-# compile-spec target values this runtime can execute (an mps .so needs Metal)
-RUNNABLE_TARGETS = ("host",)
+# compile-spec target values this runtime can execute, with the device the .so's container
+# is created for (an mps .so needs Metal; an mps_emulated one runs on the emulated device)
+TARGET_DEVICES = {"host": "cpu", "mps_emulated": "mps"}
+RUNNABLE_TARGETS = tuple(TARGET_DEVICES)
 _TMP_PREFIX = "etmetal-delegate-"  # tempfiles.private_dir("delegate") names: prefix + pid
 
 
@@ -140,7 +149,8 @@ class MetalDelegate(BackendExecutor):
             raise DelegateError(
                 f"{where}: compiled for target {target!r}; etmetal's runtime runs "
                 f"{', '.join(RUNNABLE_TARGETS)} code only (run {target!r} programs with "
-                "ExecuTorch's Metal runtime on macOS, or export with target='host')"
+                "ExecuTorch's Metal runtime on macOS, or export with target='host' or "
+                "'mps_emulated')"
             )
         so_key, weights_key = parse_processed(processed, where)
         so = _named_blob(context, so_key, where)
@@ -161,7 +171,11 @@ class MetalDelegate(BackendExecutor):
 
         directory, so_path = write_private_so(so)
         try:
-            model = AotiModel(so_path, weights if len(weights) else None)
+            model = AotiModel(
+                so_path,
+                weights if len(weights) else None,
+                device=TARGET_DEVICES.get(target or "host", "cpu"),
+            )
         except BaseException as exc:
             remove_private_dir(directory)
             if isinstance(exc, Exception):

@@ -7,6 +7,10 @@ a count of the tensors on it; a ``Tensor`` is storage + dtype + sizes + any stri
 table. ``_reinterpret_tensor`` keeps views, packed or not, in the parent's storage,
 so kernels that write through views with holes (``chunk``/``split`` + ``cat``) work;
 ``materialize="seed"`` reproduces upstream Metal's always-copy behaviour.
+The emulated Metal device (``metal``) adds ``mps`` storage (c10 device type 13, host
+memory like Apple's shared-storage buffers) and the ``shim_mps.h`` ABI, so an
+``mps_emulated`` ``.so`` runs with ``AotiModel(..., device="mps")``: its Metal kernels on
+the CPU (``metal.msl``), its ``aoti_torch_mps_*`` fallbacks on ATen over the same memory.
 The bridge serves the hottest shims itself (``native_tensors``): getters from a
 per-handle record, ``empty_strided``/``delete`` of host tensors up to 1 MiB from a
 size-keyed cache; Python adopts such a tensor the first time another shim touches

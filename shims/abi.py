@@ -44,8 +44,17 @@ SCALARS: dict[str, type | None] = {
     "double": ctypes.c_double,
     "AOTITorchError": ctypes.c_int32,
     "StableIValue": ctypes.c_uint64,
+    "unsigned": ctypes.c_uint32,
+    "unsigned int": ctypes.c_uint32,
 }
-C_SPELLING = {"AOTITorchError": "int32_t", "StableIValue": "uint64_t"}
+C_SPELLING = {
+    "AOTITorchError": "int32_t",
+    "StableIValue": "uint64_t",
+    "unsigned": "uint32_t",
+    "unsigned int": "uint32_t",
+}
+# typedef'd function-pointer types the headers pass (passed like any pointer)
+POINTER_TYPEDEFS = frozenset({"aoti_torch_mps_command_block_callback_t"})
 
 _DECL = re.compile(r"AOTI_TORCH_EXPORT\s+([\w:<>\s\*]+?)\s*\b(aoti_\w+)\s*\((.*?)\)\s*;", re.S)
 
@@ -82,7 +91,7 @@ def _strip(text: str) -> str:
 def _c_type(spelled: str) -> str | None:
     """Reduce a C/C++ type to its calling-convention class, or None if unsupported."""
     t = re.sub(r"\bconst\b", " ", spelled).strip()
-    if "*" in t or t.endswith("Handle"):
+    if "*" in t or t.endswith("Handle") or t in POINTER_TYPEDEFS:
         return "void*"
     t = " ".join(t.split())
     if t in SCALARS:
@@ -96,7 +105,7 @@ def _param_type(param: str) -> str | None:
         return None
     # drop the parameter's name (the trailing identifier), if it has one
     m = re.match(r"^(.*?[\w\*>&])\s*\b([A-Za-z_]\w*)$", param)
-    spelled = m.group(1) if m and m.group(1).strip() not in ("", "const", "unsigned") else param
+    spelled = m.group(1) if m and m.group(1).strip() not in ("", "const") else param
     return _c_type(spelled)
 
 

@@ -45,10 +45,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# core, fallbacks and getters fill the shim table (registry.SHIMS) when imported
+# core, fallbacks, getters and the emulated Metal device fill the shim table
+# (registry.SHIMS) when imported
 from . import core, fallbacks, getters, native_tensors  # noqa: F401
 from .bridge import Bridge, BridgeError, CApi, build, generate_source
 from .dtypes import DEVICE_CPU, ITEMSIZE
+from .metal import mps_kernels  # noqa: F401
+from .metal.mps_device import DEVICE_MPS, MpsAllocator
 from .records import MemoryStats, Records
 from .registry import SHIMS, out_slot
 from .storage import Allocator, HostAllocator, ShimError, Storage, Tensor
@@ -75,6 +78,11 @@ class Device:
     shims: Mapping[str, Callable] = field(default_factory=dict)
 
 
+# devices every context has besides the host: the emulated Metal device (host memory
+# standing for shared-storage MTLBuffers; its shims are in the shim table already)
+BUILTIN_DEVICES = (Device("mps", DEVICE_MPS, MpsAllocator),)
+
+
 class ShimContext:
     """The shims' state: handles, storages, allocators, bridge, run lock, error, policy."""
 
@@ -91,12 +99,14 @@ class ShimContext:
         self.host.policy_listeners.append(self.sync_native_policy)
         self.allocators: dict[int, Allocator] = {DEVICE_CPU: self.host}
         self.devices: dict[str, Device] = {}
+        self.device_state: dict[str, object] = {}  # per-device tables (e.g. mps buffers)
         self.shims: dict[str, Callable] = dict(SHIMS)
         # "view": _reinterpret_tensor keeps views in the parent's storage (correct);
         # "seed": copy non-packed views into a new buffer (upstream Metal's behaviour).
         # Outside runs it is the context's default; a run holds its model's policy.
         self.materialize = "view"
         self.grad_enabled = False
+        self.result_device = DEVICE_CPU  # the device fallback results stand for (fallbacks)
         self.error = ""  # message of the most recent failed shim call
         self.errors = 0
         self.open_models = 0  # models not yet closed; caches are emptied when none are left
@@ -106,7 +116,7 @@ class ShimContext:
         self._private_bridge = private_bridge
         self._next_handle = itertools.count(1).__next__
         self._load_lock = threading.Lock()
-        for device in devices:
+        for device in (*BUILTIN_DEVICES, *devices):
             self.register_device(device)
 
     # --- devices ----------------------------------------------------------------------------

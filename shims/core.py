@@ -66,13 +66,13 @@ def new_owned(
     return Tensor(storage, dtype, sizes, strides, 0)
 
 
-def adopt_result(t: torch.Tensor) -> Tensor:
-    """Wrap an ATen result as an owned shim tensor without copying it."""
+def adopt_result(t: torch.Tensor, device_type: int = DEVICE_CPU) -> Tensor:
+    """Wrap an ATen result as an owned shim tensor on ``device_type`` without copying it."""
     from .storage import tensor_from_torch
 
     if t.device.type != "cpu":
         raise ShimError(f"fallback produced a {t.device.type} tensor; expected cpu")
-    return tensor_from_torch(t, Storage.adopt(t))
+    return tensor_from_torch(t, Storage.adopt(t, device_type))
 
 
 # --- lifetime -----------------------------------------------------------------------------

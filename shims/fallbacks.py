@@ -14,6 +14,7 @@ import torch
 from etmetal.common.fallbacks import all_fallback_shims
 
 from .core import adopt_result
+from .dtypes import DEVICE_CODES, DEVICE_CPU
 from .registry import need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim_as
 from .storage import ShimError, is_packed
 
@@ -44,7 +45,24 @@ def _write_out(ctx, out_handle, expected: tuple[int, ...], dtype: torch.dtype, c
 
 
 def _ret(ctx, addr, t: torch.Tensor, what: str) -> None:
-    ctx.emit(addr, adopt_result(t), what)
+    ctx.emit(addr, adopt_result(t, ctx.result_device), what)
+
+
+def _on_device(device_type: int, fn):
+    """``fn`` with its new results made on ``device_type``: the cpu names make host
+    tensors, the mps names (the emulated Metal device, host memory too) mps tensors."""
+    if device_type == DEVICE_CPU:
+        return fn
+
+    def on_device(ctx, *args):
+        previous, ctx.result_device = ctx.result_device, device_type
+        try:
+            return fn(ctx, *args)
+        finally:
+            ctx.result_device = previous
+
+    on_device.__name__ = fn.__name__
+    return on_device
 
 
 def _mm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int]:
@@ -119,9 +137,10 @@ def convolution(
     groups,
     ret0,
 ):
+    x, w = _in(ctx, input, "input"), _in(ctx, weight, "weight")
     y = aten.convolution(
-        _in(ctx, input, "input"),
-        _in(ctx, weight, "weight"),
+        x,
+        w,
         _opt_in(ctx, bias, "bias"),
         read_i64s(stride, stride_len, "stride"),
         read_i64s(padding, padding_len, "padding"),
@@ -130,7 +149,18 @@ def convolution(
         read_i64s(output_padding, output_padding_len, "output_padding"),
         groups,
     )
+    if ctx.result_device == DEVICE_CODES["mps"]:
+        # the layout Inductor compiled against (the wrapper asserts it): the fake mps
+        # convolution picks it with the Mps backend's rule, ATen's CPU kernels by theirs
+        y = y.contiguous(memory_format=_mps_conv_memory_format(x, w))
     _ret(ctx, ret0, y, "ret0")
+
+
+def _mps_conv_memory_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_format:
+    """The output layout of an mps convolution, by the rule fake tensors use at compile time."""
+    if x.dim() < 4:
+        return torch.contiguous_format
+    return torch._C._conv_determine_backend_memory_format(x, w, torch._C._ConvBackend.Mps)
 
 
 def _adaptive_avg_pool(op):
@@ -286,9 +316,10 @@ def sdpa_math_for_mps_v2(
         _opt_in(ctx, attn_mask, "attn_mask"),
         0.0,
         bool(is_causal),
-        _opt_in(ctx, dropout_mask, "dropout_mask"),
+        None,  # dropout is refused above, so there is no mask to apply
         scale=read_f64(scale),
-        enable_gqa=bool(enable_gqa),
+        # upstream derives the group factor from the shapes
+        enable_gqa=bool(enable_gqa) or q.shape[1] != k.shape[1],
     )
     _ret(ctx, ret0, out, "ret0")
     _ret(ctx, ret1, attn, "ret1")
@@ -314,4 +345,5 @@ IMPLEMENTATIONS = {
     "_scaled_dot_product_attention_math_for_mps_v2": sdpa_math_for_mps_v2,
 }
 for _symbol, _op in all_fallback_shims().items():
-    shim_as(_symbol, IMPLEMENTATIONS[_op])
+    _device = DEVICE_CODES["mps"] if _symbol.startswith("aoti_torch_mps_") else DEVICE_CPU
+    shim_as(_symbol, _on_device(_device, IMPLEMENTATIONS[_op]))

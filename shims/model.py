@@ -13,9 +13,14 @@ import torch
 
 from .bridge import Bridge, BridgeError
 from .context import ShimContext, check_materialize, default_context
+from .dtypes import DEVICE_CODES
+from .metal.mps_device import take_unchecked_error
 from .native import NativeBuildError, link_wrapper, undefined_symbols
 from .steady_run import SteadyRun
 from .storage import HostAllocator, ShimError, Storage, Tensor, tensor_from_torch
+
+# devices a model container can be created for (the device string AOTI parses)
+DEVICES = {"cpu": DEVICE_CODES["cpu"], "mps": DEVICE_CODES["mps"]}
 
 
 class AotiModelError(RuntimeError):
@@ -51,6 +56,9 @@ class AotiModel:
     become tensors borrowing it, so it is kept alive until ``close()``. ``materialize``
     picks the ``_reinterpret_tensor`` behaviour for this model's calls ("view", the
     default, or "seed", upstream's always-copy behaviour, for comparison only).
+    ``device`` is the device the ``.so`` was compiled for: ``"cpu"`` (the ``host`` target)
+    or ``"mps"`` (the ``mps_emulated`` target: inputs are lent as ``mps`` tensors and the
+    ``.so`` runs its Metal kernels on the emulated device).
     ``check_inputs`` turns on the ``.so``'s own check of every input's dtype, sizes,
     strides and device (AOTI_RUNTIME_CHECK_INPUTS, read by the ``.so`` on its first
     run): a mismatched input is then an error, not an out-of-bounds read.
@@ -66,7 +74,12 @@ class AotiModel:
         materialize: str = "view",
         check_inputs: bool = True,
         context: ShimContext | None = None,
+        device: str = "cpu",
     ) -> None:
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
+        self.device = device
+        self._device_type = DEVICES[device]
         self.so_path = Path(so_path)
         self.materialize = check_materialize(materialize)
         self.check_inputs = check_inputs
@@ -108,7 +121,13 @@ class AotiModel:
         with ctx.run_lock:
             previous, ctx.materialize = ctx.materialize, self.materialize
             try:
+                take_unchecked_error(ctx)
                 self._create()
+                try:
+                    self._raise_unchecked("loading the model")
+                except BaseException:
+                    self.close()
+                    raise
             finally:
                 ctx.materialize = previous
 
@@ -157,7 +176,9 @@ class AotiModel:
         handle = ctypes.c_void_p()
         lib = self._lib
         self._check(
-            lib.AOTInductorModelContainerCreateWithDevice(ctypes.byref(handle), 1, b"cpu", None),
+            lib.AOTInductorModelContainerCreateWithDevice(
+                ctypes.byref(handle), 1, self.device.encode(), None
+            ),
             "creating the model container",
         )
         self._container = handle
@@ -167,12 +188,17 @@ class AotiModel:
             self._in_arr = (ctypes.c_void_p * max(self.num_inputs, 1))()
             self._out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
             self._input_cache: dict[tuple, Tensor] = {}
-            self._steady = SteadyRun(
-                self.context,
-                ctypes.cast(self._run_fn, ctypes.c_void_p).value,
-                handle.value,
-                self.num_inputs,
-                self.num_outputs,
+            # the one-call steady run lends host inputs only; other devices run the general way
+            self._steady = (
+                SteadyRun(
+                    self.context,
+                    ctypes.cast(self._run_fn, ctypes.c_void_p).value,
+                    handle.value,
+                    self.num_inputs,
+                    self.num_outputs,
+                )
+                if self.device == "cpu"
+                else None
             )
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
             if num_constants:
@@ -214,7 +240,9 @@ class AotiModel:
         if desc is None:
             if not t.is_cpu:
                 raise AotiModelError(f"input {i}: expected a cpu torch.Tensor, got {t!r:.80}")
-            storage = Storage(untyped.data_ptr(), untyped.nbytes(), owned=False)
+            storage = Storage(
+                untyped.data_ptr(), untyped.nbytes(), owned=False, device_type=self._device_type
+            )
             try:
                 desc = tensor_from_torch(t, storage)
             except ShimError as exc:
@@ -321,9 +349,22 @@ class AotiModel:
                     return self._run_locked(inputs, outputs, ran)
                 if self._container is None:
                     raise AotiModelError(f"{self.so_path.name}: model is closed")
-                return self._run_locked(inputs, outputs, None)
+                take_unchecked_error(ctx)
+                results = self._run_locked(inputs, outputs, None)
+                self._raise_unchecked("run")
+                return results
             finally:
                 ctx.materialize = previous
+
+    def _raise_unchecked(self, step: str) -> None:
+        """Fail ``step`` if a shim whose return code the ``.so`` ignores failed during it
+        (the Metal wrapper never checks its ``aoti_torch_mps_*`` kernel calls)."""
+        message = take_unchecked_error(self.context)
+        if message:
+            raise AotiModelError(
+                f"{self.so_path.name}: {step} failed: a shim call the .so does not check "
+                f"failed: {message}"
+            )
 
     def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""

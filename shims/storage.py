@@ -169,12 +169,15 @@ class Storage:
         return storage
 
     @classmethod
-    def adopt(cls, tensor: torch.Tensor) -> Storage:
-        """Take over the memory of a host tensor ATen just produced (a fallback's result)."""
+    def adopt(cls, tensor: torch.Tensor, device_type: int = DEVICE_CPU) -> Storage:
+        """Take over the memory of a host tensor ATen just produced (a fallback's result);
+        ``device_type``: the device it stands for (host memory serves the emulated ``mps``)."""
         untyped = tensor.untyped_storage()
         buf = torch.empty(0, dtype=torch.uint8).set_(untyped)
         # no allocator: ATen's memory goes back to ATen, never into the host cache
-        return cls(untyped.data_ptr(), untyped.nbytes(), owned=True, buffer=buf)
+        return cls(
+            untyped.data_ptr(), untyped.nbytes(), owned=True, device_type=device_type, buffer=buf
+        )
 
     @classmethod
     def borrow_tensor(cls, tensor: torch.Tensor) -> Storage:

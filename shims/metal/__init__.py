@@ -4,6 +4,10 @@
 ``MslError``); ``msl_compiler``/``msl_parse`` turn a library's source into a shared object
 with ``msl_compat.h``; ``msl_dispatch.cpp`` runs a kernel with Metal's threadgroup, barrier and
 SIMD-group semantics.
+
+The device around them: ``mps_device`` (``mps`` storage and the raw buffers of
+``shim_mps.h``), ``mps_kernels`` (shader libraries, kernel functions, encoding, dispatch),
+``mps_native`` (the command-block callback, native, compiled into the shim bridge).
 """
 
 from etmetal.shims.metal.msl import MslError, MslFunction, MslLibrary, compile_library

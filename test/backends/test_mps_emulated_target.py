@@ -17,6 +17,7 @@ from torch import nn
 from etmetal.backends import aoti_compile, mps_emulated_compile, targets
 from etmetal.backends.compile_specs import parse_compile_specs
 from etmetal.backends.mps_abi import MPS_RUNTIME_ABI, fallback_calls, fallback_calls_in_source
+from etmetal.backends.mps_decompositions import views_as_reshapes
 from etmetal.backends.mps_emulation import RealConstants, emulated_mps_codegen, fake_mps_module
 from etmetal.backends.supported_ops import SUPPORTED_FALLBACKS
 from etmetal.partitioner.metal_partitioner import MetalPartitioner
@@ -233,3 +234,23 @@ def test_compiler_errors_are_reported_with_the_wrapper(tmp_path):
     cpp.write_text("int f() { return undeclared_name; }\n")
     with pytest.raises(mps_emulated_compile.MpsEmulatedBuildError, match="undeclared_name"):
         mps_emulated_compile.compile_wrapper(cpp, [], ["USE_MPS"], tmp_path / "m.so")
+
+
+class _TransposeReshape(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1) * 2
+
+
+def test_views_fitted_to_one_layout_become_reshapes_for_another():
+    # exported with the layout CPU flash attention returns: export records a view that
+    # a contiguous producer (the mps math attention's output) cannot take
+    cpu_layout = torch.randn(2, 16, 4, 8).transpose(1, 2)
+    gm = torch.export.export(_TransposeReshape(), (cpu_layout,)).run_decompositions({}).module()
+    contiguous = torch.randn(2, 4, 16, 8)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        gm(contiguous)
+    assert views_as_reshapes(gm) == 1
+    targets_left = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.view.default not in targets_left
+    for x in (contiguous, cpu_layout):
+        torch.testing.assert_close(gm(x), _TransposeReshape()(x))

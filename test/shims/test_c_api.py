@@ -122,7 +122,7 @@ def test_invalid_calls_return_error_codes(cdrv):
         mentions="unsupported dtype",
     )  # fmt: skip
     cdrv.expect_failure(
-        "aoti_torch_empty_strided", 1, sizes, sizes, 6, 13, 0, ctypes.byref(out),
+        "aoti_torch_empty_strided", 1, sizes, sizes, 6, 1, 0, ctypes.byref(out),
         mentions="no allocator",
     )  # fmt: skip
     cdrv.expect_failure("aoti_torch_empty_strided", 1, sizes, sizes, 6, 0, 0, None, mentions="NULL")

@@ -33,7 +33,7 @@ from etmetal.shims.dtypes import DEVICE_CODES
 SHIMS_DIR = Path(etmetal.shims.__file__).parent
 MODULES = sorted(p.stem for p in SHIMS_DIR.glob("*.py") if p.stem != "__init__")
 FLOAT32 = 6
-MPS = DEVICE_CODES["mps"]
+XPU = DEVICE_CODES["xpu"]  # a device no context has built in
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -142,33 +142,33 @@ def test_a_device_registered_on_one_context_is_not_on_the_other():
     ctx = ShimContext()
     seen = []
 
-    def mps_dtype_size(ctx_arg, dtype):  # a device-only shim, reached with its context
+    def xpu_dtype_size(ctx_arg, dtype):  # a device-only shim, reached with its context
         seen.append(ctx_arg)
         return 123
 
     allocator = ctx.register_device(
         Device(
-            "mps",
-            MPS,
-            lambda: FillingAllocator(MPS),
-            shims={"aoti_torch_dtype_element_size": mps_dtype_size},
+            "xpu",
+            XPU,
+            lambda: FillingAllocator(XPU),
+            shims={"aoti_torch_dtype_element_size": xpu_dtype_size},
         )
     )
     lib = c_api(ctx)
-    rc, h = _empty(lib, (4,), device_type=MPS)
+    rc, h = _empty(lib, (4,), device_type=XPU)
     assert rc == 0, ctx.last_error()
     assert allocator.allocations == 1
     device = ctypes.c_int32()
-    assert lib.aoti_torch_get_device_type(h, ctypes.byref(device)) == 0 and device.value == MPS
+    assert lib.aoti_torch_get_device_type(h, ctypes.byref(device)) == 0 and device.value == XPU
     assert ctx.lookup(h).torch().view(torch.uint8).eq(0x7F).all()  # its allocator's memory
     assert lib.aoti_torch_delete_tensor_object(h) == 0
     assert lib.aoti_torch_dtype_element_size(FLOAT32) == 123 and seen == [ctx]
 
-    assert MPS in ShimContext(devices=[ctx.devices["mps"]]).allocators
+    assert XPU in ShimContext(devices=[ctx.devices["xpu"]]).allocators
 
     main = default_context()
     main.clear_last_error()
-    rc, _ = _empty(c_api(), (4,), device_type=MPS)
+    rc, _ = _empty(c_api(), (4,), device_type=XPU)
     assert rc == 1 and "no allocator" in main.last_error()
     assert c_api().aoti_torch_dtype_element_size(FLOAT32) == 4  # the default shim there
 
