@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 import time
 import traceback
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from etmetal.scripts.benchmarking import Arm, interleaved
 from etmetal.testing import view_copy_matrix
 
 
@@ -63,27 +63,6 @@ class DemoResult:
     etmetal_ms: float = float("nan")
     eager_ms: float = float("nan")
     error: str = ""
-
-
-def _median_ms(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def _interleaved_ms(a, b, runs: int) -> tuple[float, float]:
-    """Medians of ``a`` and ``b`` timed alternately (this machine is shared and noisy)."""
-    for _ in range(3):  # warm-up
-        a()
-        b()
-    ta, tb = [], []
-    for _ in range(runs):
-        ta.append(_median_ms(a, 1))
-        tb.append(_median_ms(b, 1))
-    return statistics.median(ta), statistics.median(tb)
 
 
 def demo_model(name: str, out_dir: Path, runs: int, target: str = "auto") -> DemoResult:
@@ -134,7 +113,10 @@ def demo_model(name: str, out_dir: Path, runs: int, target: str = "auto") -> Dem
             with torch.no_grad():
                 module(*xs)
 
-        et_ms, eager_ms = _interleaved_ms(lambda: method.execute(xs), eager, runs)
+        timed = interleaved(
+            [Arm("etmetal", lambda: method.execute(xs)), Arm("eager", eager)], repeat=runs, warmup=3
+        )
+        et_ms, eager_ms = (timed[k].median_s * 1e3 for k in ("etmetal", "eager"))
         print(
             f"latency (median of {runs}, interleaved): etmetal {et_ms:.3f} ms, "
             f"eager PyTorch {eager_ms:.3f} ms; load {load_s * 1e3:.0f} ms"
