@@ -18,6 +18,14 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def rope_tables(head_dim: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's (cos, sin) tables, (seq, head_dim), in the rotate-half layout."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.outer(torch.arange(seq).float(), inv_freq)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos(), emb.sin()
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.split(x.shape[-1] // 2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
@@ -33,11 +41,9 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.up = nn.Linear(dim, hidden)
         self.down = nn.Linear(hidden, dim)
-        inv_freq = 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
-        angles = torch.outer(torch.arange(seq).float(), inv_freq)
-        emb = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        cos, sin = rope_tables(self.head_dim, seq)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seq, dim = x.shape

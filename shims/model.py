@@ -35,6 +35,30 @@ def undefined_shims(so_path: str | os.PathLike) -> set[str] | None:
         raise AotiModelError(str(exc)) from exc
 
 
+def _vector_math_libraries(so_path: Path) -> list[Path]:
+    """Libraries that define the vector math a host ``.so`` calls without defining it.
+
+    Inductor's vectorized CPU kernels call SLEEF (``Sleef_expf8_u10`` for ``exp`` in
+    softmax, GELU, SiLU), which libtorch_cpu carries; a ``link_libtorch=False`` build
+    leaves those symbols undefined. torch has libtorch_cpu loaded already (RTLD_LOCAL), so
+    naming it in the model's link group, after the bridge, resolves them to that copy
+    without letting any of its ``aoti_torch_*`` shadow etmetal's.
+    """
+    try:
+        sleef = undefined_symbols(so_path, "Sleef_")
+    except NativeBuildError as exc:
+        raise AotiModelError(str(exc)) from exc
+    if not sleef:
+        return []
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    if not lib.exists():
+        raise AotiModelError(
+            f"{so_path.name} calls SLEEF vector math ({sorted(sleef)[0]}, ...) and this torch "
+            f"has no {lib.name} to provide it"
+        )
+    return [lib]
+
+
 def _aligned_blob(
     blob: bytes | bytearray | memoryview | None, host: HostAllocator
 ) -> tuple[int, object]:
@@ -105,7 +129,9 @@ class AotiModel:
         try:
             # the wrapper groups bridge + model in one local scope: the model's shims bind
             # to the bridge without either entering the process-wide scope
-            self.wrapper_path = link_wrapper([self._bridge.path, self.so_path])
+            self.wrapper_path = link_wrapper(
+                [self._bridge.path, *_vector_math_libraries(self.so_path), self.so_path]
+            )
         except NativeBuildError as exc:
             raise AotiModelError(f"linking a loader for {self.so_path} failed: {exc}") from exc
         try:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from etmetal.examples.demo import rope_tables, rotate_half
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
@@ -16,11 +18,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         var = x.pow(2).mean(-1, keepdim=True)
         return self.weight * (x * torch.rsqrt(var + self.eps))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
 
 
 class LlamaBlock(nn.Module):
@@ -35,11 +32,9 @@ class LlamaBlock(nn.Module):
         self.o = nn.Linear(dim, dim, bias=False)
         self.gate_up = nn.Linear(dim, 2 * 96, bias=False)
         self.down = nn.Linear(96, dim, bias=False)
-        inv = 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
-        ang = torch.outer(torch.arange(seq).float(), inv)
-        emb = torch.cat([ang, ang], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        cos, sin = rope_tables(self.head_dim, seq)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -48,8 +43,8 @@ class LlamaBlock(nn.Module):
         k, v = self.kv(h).chunk(2, dim=-1)
         k = k.reshape(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.reshape(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * self.cos + _rotate_half(q) * self.sin
-        k = k * self.cos + _rotate_half(k) * self.sin
+        q = q * self.cos + rotate_half(q) * self.sin
+        k = k * self.cos + rotate_half(k) * self.sin
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
