@@ -271,4 +271,3 @@ def test_a_so_that_would_bind_elsewhere_is_refused(tmp_path, artifacts):
         timeout=300,
     )
     assert "REFUSED" in out.stdout and "aoti_torch_get_dim" in out.stdout, out.stdout + out.stderr
-
