@@ -31,10 +31,14 @@ import torch
 
 from etmetal.common.cache import ContentCache
 
+from .extern_nodes import PROXY_EXECUTOR_SHIM, dtype_annotated_tables, find_extern_nodes, read_table
+
 log = logging.getLogger(__name__)
 
 # bump when the layout of a cache entry or the compile recipe changes
 _CACHE_FORMAT = 1
+# the entry's copy of Inductor's extern-node table (only when the .so calls the proxy executor)
+EXTERN_NODES_FILE = "extern_nodes.json"
 
 HOST_TARGET = "host"
 MPS_TARGET = "mps"
@@ -110,9 +114,14 @@ class AotiArtifact:
     weights_path: Path
     wrapper_cpp_path: Path | None
     from_cache: bool
+    # the extern-node table the .so's proxy executor calls index (None: it makes none)
+    extern_nodes_path: Path | None = None
 
     def so_bytes(self) -> bytes:
         return self.so_path.read_bytes()
+
+    def extern_nodes_bytes(self) -> bytes | None:
+        return read_table(self.extern_nodes_path)
 
     def weights_bytes(self) -> bytes:
         return self.weights_path.read_bytes()
@@ -201,19 +210,39 @@ def compile_exported_program(
             shutil.rmtree(entry, ignore_errors=True)
             raise
         return _artifact(key, entry, from_cache=False)
-    entry, hit = ContentCache("aoti", cache_dir).get_or_create(
+    cache = ContentCache("aoti", cache_dir)
+    entry, hit = cache.get_or_create(
         key, lambda tmp: _compile_into(ep, target, options, key, tmp), stamp=key
     )
+    if hit and _lacks_extern_nodes(entry):
+        # an entry from before the extern-node table was kept: compile it again
+        entry, hit = cache.get_or_create(
+            key, lambda tmp: _compile_into(ep, target, options, key, tmp), stamp=key, refresh=True
+        )
     if hit:
         log.info("AOTI cache hit %s", key[:12])
         _STATS["cache_hits"] += 1
     return _artifact(key, entry, from_cache=hit)
 
 
+def _lacks_extern_nodes(entry: Path) -> bool:
+    """True for a cached ``.so`` that calls the proxy executor but has no table next to it."""
+    if (entry / EXTERN_NODES_FILE).exists():
+        return False
+    so = entry / "model.so"
+    return so.exists() and PROXY_EXECUTOR_SHIM.encode() in so.read_bytes()
+
+
 def _artifact(key: str, entry: Path, from_cache: bool) -> AotiArtifact:
     cpp = entry / "wrapper.cpp"
+    table = entry / EXTERN_NODES_FILE
     return AotiArtifact(
-        key, entry / "model.so", entry / "weights.blob", cpp if cpp.exists() else None, from_cache
+        key,
+        entry / "model.so",
+        entry / "weights.blob",
+        cpp if cpp.exists() else None,
+        from_cache,
+        table if table.exists() else None,
     )
 
 
@@ -232,9 +261,15 @@ def _compile_into(
     the directory ``entry``."""
     log.info("AOTI compiling %s for %s (takes tens of seconds)", key[:12], target)
     _STATS["compiles"] += 1
-    with _progress(f"AOTI compile {key[:12]} ({target})"), torch.no_grad():
-        so, blob, cpp = _compile_target(ep, target, options, entry / "work")
+    with (
+        _progress(f"AOTI compile {key[:12]} ({target})"),
+        torch.no_grad(),
+        dtype_annotated_tables(),
+    ):
+        so, blob, cpp, table = _compile_target(ep, target, options, entry / "work")
     shutil.copy2(so, entry / "model.so")
+    if table is not None:
+        shutil.copy2(table, entry / EXTERN_NODES_FILE)
     if blob is not None:
         shutil.copy2(blob, entry / "weights.blob")
     else:  # a model without constants
@@ -246,14 +281,16 @@ def _compile_into(
 
 def _compile_target(
     ep: torch.export.ExportedProgram, target: str, options: dict, work_dir: Path
-) -> tuple[str, str | None, str | None]:
-    """Paths of the ``.so``, the weights blob (None: no constants) and the wrapper ``.cpp``."""
+) -> tuple[str, str | None, str | None, str | None]:
+    """Paths of the ``.so``, the weights blob (None: no constants), the wrapper ``.cpp`` and
+    the extern-node table (None: no operator goes through the proxy executor)."""
     if target == MPS_EMULATED_TARGET:
         from .mps_emulated_compile import build_mps_emulated
 
         built = build_mps_emulated(ep, options, work_dir)
         weights = str(built.weights_path) if built.weights_path else None
-        return str(built.so_path), weights, str(built.wrapper_cpp_path)
+        table = str(built.extern_nodes_path) if built.extern_nodes_path else None
+        return str(built.so_path), weights, str(built.wrapper_cpp_path), table
     if target == MPS_TARGET:
         ep = torch.export.passes.move_to_device_pass(ep, "mps")
     paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
@@ -263,4 +300,4 @@ def _compile_target(
     cpp = next((p for p in paths if p.endswith(".wrapper.cpp")), None)
     if so is None:
         raise RuntimeError(f"AOTInductor produced no .so (got {paths})")
-    return so, blob, cpp
+    return so, blob, cpp, find_extern_nodes(paths)

@@ -2,8 +2,10 @@
 
 ``CompileSpec(key, value: bytes)`` is exir's only way to hand options from the
 partitioner to ``preprocess`` (and they are stored in the ``.pte``). Keys:
-``target`` (``host``/``mps``/``mps_emulated``, written by the partitioner), ``method_name``
-(upstream's key, used in messages) and ``codesign_identity`` (macOS only).
+``target`` (``host``/``mps``/``mps_emulated``, written by the partitioner), ``runtime``
+(``etmetal``/``upstream``: which runtime the program is for; written by the partitioner
+only when it is not the target's default, so programs for upstream carry no new key),
+``method_name`` (upstream's key, used in messages) and ``codesign_identity`` (macOS only).
 """
 
 from __future__ import annotations
@@ -13,14 +15,21 @@ from dataclasses import dataclass
 
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-from .targets import CODESIGN_SPEC_KEY, METHOD_NAME_SPEC_KEY, TARGET_SPEC_KEY, check_target
+from .targets import (
+    CODESIGN_SPEC_KEY,
+    METHOD_NAME_SPEC_KEY,
+    RUNTIME_SPEC_KEY,
+    TARGET_SPEC_KEY,
+    check_target,
+)
 
-KNOWN_KEYS = (TARGET_SPEC_KEY, METHOD_NAME_SPEC_KEY, CODESIGN_SPEC_KEY)
+KNOWN_KEYS = (TARGET_SPEC_KEY, RUNTIME_SPEC_KEY, METHOD_NAME_SPEC_KEY, CODESIGN_SPEC_KEY)
 
 
 @dataclass(frozen=True)
 class MetalCompileOptions:
     target: str | None = None
+    runtime: str | None = None  # None: the target's default
     method_name: str | None = None
     codesign_identity: str | None = None
 
@@ -70,12 +79,19 @@ def parse_compile_specs(compile_specs: object) -> MetalCompileOptions:
         check_target(target)
     return MetalCompileOptions(
         target=target,
+        runtime=values.get(RUNTIME_SPEC_KEY),
         method_name=values.get(METHOD_NAME_SPEC_KEY),
         codesign_identity=values.get(CODESIGN_SPEC_KEY),
     )
 
 
-def with_target(compile_specs: list[CompileSpec], target: str) -> list[CompileSpec]:
-    """``compile_specs`` with the ``target`` key set to ``target`` (replacing any other)."""
-    kept = [s for s in compile_specs if s.key != TARGET_SPEC_KEY]
-    return [*kept, CompileSpec(TARGET_SPEC_KEY, target.encode("utf-8"))]
+def with_target(
+    compile_specs: list[CompileSpec], target: str, runtime: str | None = None
+) -> list[CompileSpec]:
+    """``compile_specs`` with the ``target`` key set to ``target`` (replacing any other) and
+    the ``runtime`` key set to ``runtime`` (dropped when None: the target's default)."""
+    kept = [s for s in compile_specs if s.key not in (TARGET_SPEC_KEY, RUNTIME_SPEC_KEY)]
+    specs = [*kept, CompileSpec(TARGET_SPEC_KEY, target.encode("utf-8"))]
+    if runtime is not None:
+        specs.append(CompileSpec(RUNTIME_SPEC_KEY, runtime.encode("utf-8")))
+    return specs

@@ -15,10 +15,12 @@ def lower(
     target: str = "auto",
     compile_specs: list | None = None,
     dynamic_shapes: Any = None,
+    runtime: str | None = None,
 ):
     """Export, partition and lower ``module``; returns (ExecutorchProgramManager, partitioner).
 
     The program is serialized with :func:`etmetal.backend_config` (layout-safe ``view_copy``).
+    ``runtime``: the runtime the program is for (see :class:`MetalPartitioner`).
     """
     from executorch.exir import to_edge_transform_and_lower
 
@@ -26,7 +28,7 @@ def lower(
     from etmetal.backends.config import backend_config
     from etmetal.partitioner.metal_partitioner import MetalPartitioner
 
-    partitioner = MetalPartitioner(compile_specs, target=target)
+    partitioner = MetalPartitioner(compile_specs, target=target, runtime=runtime)
     with torch.no_grad():
         ep = torch.export.export(module.eval(), inputs, dynamic_shapes=dynamic_shapes)
     edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])

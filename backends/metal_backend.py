@@ -29,6 +29,8 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
+from etmetal.common.fallbacks import PROXY_EXECUTOR_SHIM, runtime_shims
+
 from .aoti_compile import compile_exported_program
 from .codesign import codesign
 from .compile_specs import parse_compile_specs
@@ -37,8 +39,7 @@ from .mps_abi import MPS_RUNTIME_ABI
 from .passes.dim_order_to_aten import rewrite_dim_order_ops
 from .passes.inline_scalar_constants import inline_scalar_constants
 from .passes.replace_view_copy_with_view import ReplaceViewCopyWithView
-from .supported_ops import SUPPORTED_FALLBACKS
-from .targets import HOST, MPS, MPS_EMULATED, resolve_target
+from .targets import HOST, MPS, MPS_EMULATED, resolve_runtime, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +81,24 @@ class MetalBackendId(str):
 BACKEND_ID = MetalBackendId(DELEGATE_ID)
 
 _EXTERN_SYMBOL = re.compile(rb"aoti_torch_(?:cpu|mps|cuda)_[A-Za-z0-9_]+")
-_PROXY_EXECUTOR = b"aoti_torch_proxy_executor_call_function"
+_PROXY_EXECUTOR = PROXY_EXECUTOR_SHIM.encode()
 
 
-def unsupported_externs(so_bytes: bytes, target: str) -> list[str]:
-    """Fallback shims the compiled ``.so`` imports that the target's runtime lacks."""
+def calls_proxy_executor(so_bytes: bytes) -> bool:
+    return _PROXY_EXECUTOR in so_bytes
+
+
+def unsupported_externs(so_bytes: bytes, target: str, runtime: str | None = None) -> list[str]:
+    """Fallback shims the compiled ``.so`` imports that ``runtime`` (default: the target's
+    own) lacks for ``target``."""
+    allowed = runtime_shims(target, resolve_runtime(runtime, target))
     found = {m.decode() for m in _EXTERN_SYMBOL.findall(so_bytes)} - MPS_RUNTIME_ABI
-    missing = sorted(found - SUPPORTED_FALLBACKS[target])
-    if _PROXY_EXECUTOR in so_bytes:
-        missing.append("aoti_torch_proxy_executor_call_function (a libtorch-only fallback)")
+    missing = sorted(found - allowed)
+    if calls_proxy_executor(so_bytes) and PROXY_EXECUTOR_SHIM not in allowed:
+        missing.append(
+            f"{PROXY_EXECUTOR_SHIM} (operators without a C shim; only etmetal's runtime "
+            "has a proxy executor: lower with runtime='etmetal' to keep them)"
+        )
     return missing
 
 
@@ -118,25 +128,34 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
     # a partition lowered without the partitioner (to_backend("MetalBackend", ...)) picks
     # its target the way the partitioner's "auto" does
     target = resolve_target(options.target or "auto")
+    runtime = resolve_runtime(options.runtime, target)
     where = f"method {options.method_name!r}" if options.method_name else "partition"
     ep = prepare_for_aoti(ep, target)
     artifact = compile_exported_program(ep, target=target, link_libtorch=False)
     so_bytes = artifact.so_bytes()
-    missing = unsupported_externs(so_bytes, target)
+    missing = unsupported_externs(so_bytes, target, runtime)
     if missing:
         raise RuntimeError(
-            f"Metal {where}: the {target} .so calls fallback kernels the {target} runtime does "
-            f"not provide: {', '.join(missing)}. The partitioner should have kept these "
-            "operators out; please report the model. Workaround: rewrite the operator or "
-            "lower it with another backend."
+            f"Metal {where}: the {target} .so calls fallback kernels the {runtime} runtime "
+            f"does not provide for {target}: {', '.join(missing)}. The partitioner should have "
+            "kept these operators out; please report the model. Workaround: rewrite the "
+            "operator or lower it with another backend."
         )
+    extern_nodes = None
+    if calls_proxy_executor(so_bytes):
+        extern_nodes = artifact.extern_nodes_bytes()
+        if extern_nodes is None:
+            raise RuntimeError(
+                f"Metal {where}: the {target} .so calls the proxy executor but AOTInductor "
+                f"wrote no extern-node table for it (cache entry {artifact.key[:12]})"
+            )
     if options.codesign_identity:
         with tempfile.TemporaryDirectory(prefix="etmetal-sign-") as tmp:
             signed = Path(tmp) / "model.so"
             shutil.copy2(artifact.so_path, signed)  # never sign the shared cache entry
             if codesign(signed, options.codesign_identity):
                 so_bytes = signed.read_bytes()
-    processed, named_data = pack_delegate_blobs(so_bytes, artifact.weights_bytes())
+    processed, named_data = pack_delegate_blobs(so_bytes, artifact.weights_bytes(), extern_nodes)
     log.info(
         "Metal %s compiled for %s (%s): .so %d bytes, weights %d bytes",
         where,

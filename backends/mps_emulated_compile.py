@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from .extern_nodes import find_extern_nodes
 from .mps_decompositions import views_as_reshapes
 from .mps_emulation import emulated_mps_codegen, fake_mps_module
 
@@ -78,6 +79,7 @@ class MpsEmulatedBuild:
     so_path: Path
     weights_path: Path | None
     wrapper_cpp_path: Path
+    extern_nodes_path: Path | None = None  # operators the proxy executor runs (if any)
 
 
 def compiler() -> str | None:
@@ -122,7 +124,10 @@ def build_mps_emulated(
         generated - start,
         time.monotonic() - generated,
     )
-    return MpsEmulatedBuild(so, Path(blob) if blob else None, Path(cpp))
+    table = find_extern_nodes(paths)
+    return MpsEmulatedBuild(
+        so, Path(blob) if blob else None, Path(cpp), Path(table) if table else None
+    )
 
 
 def _one(paths: list[str], suffix: str) -> str | None:

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from etmetal.common.fallbacks import FALLBACKS, fallback_shims
+from etmetal.common.fallbacks import FALLBACKS, PROXY_EXECUTOR_SHIM, fallback_shims, runtime_shims
 
 from .edge_ops import aten_overload
 from .passes.replace_view_copy_with_view import VIEW_OF_COPY
-from .targets import device_of
+from .targets import device_of, resolve_runtime
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +147,30 @@ def _hint(value: Any) -> Any:
     return value
 
 
-class TargetCapabilities:
-    """Answers ``check_node`` for one target; results are cached per op and argument specs."""
+def has_c_shim(op: torch._ops.OpOverload) -> bool:
+    """Whether Inductor calls a C shim for a fallback to ``op`` (else the proxy executor):
+    ATen ops listed in torchgen's fallback table and internal ``_quantized`` ops have one,
+    custom ops and the other ATen ops do not (Inductor's ``FallbackKernel.codegen``)."""
+    if op.namespace == "_quantized":
+        return True
+    if op.namespace != "aten":
+        return False
+    from torchgen.aoti.fallback_ops import inductor_fallback_ops
 
-    def __init__(self, target: str) -> None:
+    return str(op) in inductor_fallback_ops
+
+
+class TargetCapabilities:
+    """Answers ``check_node`` for one target and runtime; results are cached per op and
+    argument specs. ``runtime`` (``etmetal``/``upstream``, None: the target's default)
+    decides whether operators without a C shim may go through the proxy executor."""
+
+    def __init__(self, target: str, runtime: str | None = None) -> None:
         self.target = target
         self.device = device_of(target)
+        self.runtime = resolve_runtime(runtime, target)
         self.supported_fallbacks = SUPPORTED_FALLBACKS[target]
+        self.runtime_shims = runtime_shims(target, self.runtime)
         self._cache: dict[Any, OpVerdict] = {}
         from torch._inductor.decomposition import select_decomp_table
 
@@ -236,8 +253,19 @@ class TargetCapabilities:
             shim = self._extern_shim(inner_node)
             if shim is None:
                 continue
-            if shim not in self.supported_fallbacks:
-                via = "" if inner == op else f" (from {op})"
+            via = "" if inner == op else f" (from {op})"
+            if shim == PROXY_EXECUTOR_SHIM:
+                if shim not in self.runtime_shims:
+                    return OpVerdict(
+                        False,
+                        f"{inner}{via} has no C shim in torch's {self.device} ABI: Inductor "
+                        f"would run it through the proxy executor, which the {self.runtime} "
+                        "runtime does not have (runtime='etmetal' has one)",
+                        (shim,),
+                    )
+                kernels.append(f"proxy executor: {inner}")
+                continue
+            if shim not in self.runtime_shims:
                 return OpVerdict(
                     False,
                     f"Inductor would call fallback {shim} for {inner}{via}, which the "
@@ -266,7 +294,7 @@ class TargetCapabilities:
             if isinstance(val, torch.Tensor) and not val.is_floating_point():
                 return fallback_shim_name(op, self.device)
         if op in lowering.fallbacks or op not in lowering.lowerings:
-            return fallback_shim_name(op, self.device)
+            return fallback_shim_name(op, self.device) if has_c_shim(op) else PROXY_EXECUTOR_SHIM
         return None
 
     def _decompose(self, op: torch._ops.OpOverload, node: torch.fx.Node) -> list[torch.fx.Node]:

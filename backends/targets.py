@@ -17,6 +17,8 @@ import platform
 
 import torch
 
+from etmetal.common.fallbacks import DEFAULT_RUNTIME, ETMETAL_RUNTIME, RUNTIMES
+
 log = logging.getLogger(__name__)
 
 HOST = "host"
@@ -28,6 +30,7 @@ CHOICES = (AUTO, HOST, MPS, MPS_EMULATED)
 
 # compile spec keys the partitioner writes and preprocess reads
 TARGET_SPEC_KEY = "target"
+RUNTIME_SPEC_KEY = "runtime"
 METHOD_NAME_SPEC_KEY = "method_name"
 CODESIGN_SPEC_KEY = "codesign_identity"
 
@@ -77,3 +80,23 @@ def resolve_target(target: object = AUTO) -> str:
             "machine's CPU, or lower on a Mac."
         )
     return target
+
+
+def resolve_runtime(runtime: object, target: str) -> str:
+    """The runtime a ``target`` program is lowered for: ``etmetal`` (its proxy executor runs
+    operators without a C shim) or ``upstream`` (ExecuTorch's device runtime; such
+    operators stay out); None picks the target's default (``DEFAULT_RUNTIME``)."""
+    if runtime is None:
+        return DEFAULT_RUNTIME[target]
+    if runtime not in RUNTIMES:
+        raise ValueError(
+            f"unknown Metal runtime {runtime!r}; expected one of {', '.join(map(repr, RUNTIMES))} "
+            "(etmetal: etmetal's runtime, which runs operators without a C shim through its "
+            "proxy executor; upstream: ExecuTorch's Metal runtime, which cannot)"
+        )
+    if target == MPS and runtime == ETMETAL_RUNTIME:
+        raise ValueError(
+            "target='mps' programs run on ExecuTorch's Metal runtime (runtime='upstream'); "
+            "etmetal's runtime runs host and mps_emulated programs"
+        )
+    return str(runtime)

@@ -63,3 +63,30 @@ def fallback_shims(target: str) -> frozenset[str]:
 def all_fallback_shims() -> dict[str, str]:
     """Every fallback symbol of any target -> its op name."""
     return {shim_name(device, op): op for device, ops in FALLBACKS.values() for op in ops}
+
+
+# --- which runtime a program targets (``MetalPartitioner(runtime=...)``) ------------------
+# An operator Inductor leaves to ATen without a C shim in torch's ABI (a custom op, an ATen
+# op torch has no shim for) becomes a call to the proxy executor, with the operator named
+# in the partition's extern-node table. etmetal's runtime has a proxy executor, so for it
+# every such operator is one more fallback it provides; upstream's device runtimes have
+# none, so for them such operators stay out of the delegate.
+PROXY_EXECUTOR_SHIM = "aoti_torch_proxy_executor_call_function"
+ETMETAL_RUNTIME = "etmetal"
+UPSTREAM_RUNTIME = "upstream"
+RUNTIMES = (ETMETAL_RUNTIME, UPSTREAM_RUNTIME)
+# the runtime a target's programs are for unless the user says otherwise: a host .so runs
+# only in etmetal's runtime; mps programs are for ExecuTorch's Metal runtime, and
+# mps_emulated stands for them (its predictions are the Mac's)
+DEFAULT_RUNTIME = {
+    "host": ETMETAL_RUNTIME,
+    "mps": UPSTREAM_RUNTIME,
+    "mps_emulated": UPSTREAM_RUNTIME,
+}
+
+
+def runtime_shims(target: str, runtime: str) -> frozenset[str]:
+    """Every fallback symbol a ``.so`` for ``target`` may call when ``runtime`` runs it: the
+    target's row of :data:`FALLBACKS`, plus the proxy executor on etmetal's runtime."""
+    proxy = {PROXY_EXECUTOR_SHIM} if runtime == ETMETAL_RUNTIME else set()
+    return fallback_shims(target) | proxy

@@ -33,7 +33,8 @@ from ..backends.compile_specs import check_compile_specs, parse_compile_specs, w
 from ..backends.edge_ops import aten_overload
 from ..backends.metal_backend import BACKEND_ID
 from ..backends.supported_ops import OpVerdict, TargetCapabilities
-from ..backends.targets import AUTO, resolve_target
+from ..backends.targets import AUTO, resolve_runtime, resolve_target
+from ..common.fallbacks import DEFAULT_RUNTIME
 from .partition_report import DelegatedPartition, KeptOut, PartitionReport
 
 log = logging.getLogger(__name__)
@@ -84,22 +85,42 @@ class MetalPartitioner(Partitioner):
     refused at once elsewhere). ``compile_specs``: a list of ``CompileSpec``
     (``method_name``, ``codesign_identity``). After partitioning, :attr:`report`
     tells what was delegated and what was kept out and why.
+
+    ``runtime``: which runtime the program is for. ``"etmetal"``: etmetal's runtime, whose
+    proxy executor runs operators that have no C shim (custom ops, ATen ops such as
+    ``upsample_bilinear2d`` that torch's C-shim ABI lacks), so they are delegated too.
+    ``"upstream"``: ExecuTorch's own Metal runtime, which has no proxy executor, so such
+    operators stay with the portable runtime. Default (None): ``etmetal`` for ``host``
+    (only etmetal runs a host ``.so``), ``upstream`` for ``mps`` and ``mps_emulated`` (the
+    emulated target checks what a Mac's runtime accepts; pass ``runtime="etmetal"`` to
+    run everything on etmetal's emulated device).
     """
 
-    def __init__(self, compile_specs: list[CompileSpec] | None = None, target: str = AUTO) -> None:
+    def __init__(
+        self,
+        compile_specs: list[CompileSpec] | None = None,
+        target: str = AUTO,
+        runtime: str | None = None,
+    ) -> None:
         specs = check_compile_specs(compile_specs)
         options = parse_compile_specs(specs)
         if options.target is not None and target == AUTO:
             target = options.target
+        if runtime is None:
+            runtime = options.runtime
         self.target = resolve_target(target)
+        self.runtime = resolve_runtime(runtime, self.target)
         self.method_name = options.method_name
-        self.compile_specs = with_target(specs, self.target)
+        # the runtime key is written only when it is not the target's default: programs for
+        # upstream's runtime carry exactly the specs they did before the option existed
+        explicit = None if self.runtime == DEFAULT_RUNTIME[self.target] else self.runtime
+        self.compile_specs = with_target(specs, self.target, explicit)
         self.delegation_spec = DelegationSpec(BACKEND_ID, self.compile_specs)
-        self.capabilities = TargetCapabilities(self.target)
+        self.capabilities = TargetCapabilities(self.target, self.runtime)
         self.reports: list[PartitionReport] = []
 
     def __repr__(self) -> str:
-        return f"MetalPartitioner(target={self.target!r})"
+        return f"MetalPartitioner(target={self.target!r}, runtime={self.runtime!r})"
 
     @property
     def report(self) -> PartitionReport | None:

@@ -2,7 +2,8 @@
 
 A Metal delegate's processed bytes name two named-data entries, ``<sha256>_so_blob``
 and ``<sha256>_weights_blob`` (upstream's layout; the program or an external ``.ptd``
-holds the bytes). ``init`` checks both blobs against the hashes in their keys, refuses
+holds the bytes), and a third, ``<sha256>_externs_blob``, when the ``.so`` runs
+operators without a C shim through etmetal's proxy executor (its extern-node table). ``init`` checks both blobs against the hashes in their keys, refuses
 native code the caller did not trust, writes the ``.so`` into a private directory,
 loads it through the shim bridge and creates the model container with its constants
 borrowed from the weights blob. ``execute`` lends the runtime's planned input memory
@@ -153,10 +154,15 @@ class MetalDelegate(BackendExecutor):
                 "'mps_emulated')"
             )
         so_key, weights_key = parse_processed(processed, where)
+        table_key = blob_format.extern_nodes_key(processed)
         so = _named_blob(context, so_key, where)
         weights = _named_blob(context, weights_key, where)
         _check_integrity(so, so_key, ".so", where)
         _check_integrity(weights, weights_key, "weights", where)
+        extern_nodes = None
+        if table_key is not None:  # operators the .so runs through the proxy executor
+            extern_nodes = _named_blob(context, table_key, where)
+            _check_integrity(extern_nodes, table_key, "extern-node table", where)
         digest = key_digest(so_key)
         if not is_trusted(context, digest):
             raise UntrustedNativeCodeError(
@@ -175,6 +181,7 @@ class MetalDelegate(BackendExecutor):
                 so_path,
                 weights if len(weights) else None,
                 device=TARGET_DEVICES.get(target or "host", "cpu"),
+                extern_nodes=None if extern_nodes is None else bytes(extern_nodes),
             )
         except BaseException as exc:
             remove_private_dir(directory)

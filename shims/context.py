@@ -47,7 +47,7 @@ from pathlib import Path
 
 # core, fallbacks, getters and the emulated Metal device fill the shim table
 # (registry.SHIMS) when imported
-from . import core, fallbacks, getters, native_tensors  # noqa: F401
+from . import core, fallbacks, getters, native_tensors, proxy_executor  # noqa: F401
 from .bridge import Bridge, BridgeError, CApi, build, generate_source
 from .dtypes import DEVICE_CPU, ITEMSIZE
 from .metal import mps_kernels  # noqa: F401
@@ -60,6 +60,8 @@ MATERIALIZE_MODES = ("view", "seed")
 
 # handles Python makes when no record is free look like aligned pointers; never 0 (NULL)
 _HANDLE_BASE = 0x7E70_0000_0000
+# proxy executor handles (AOTIProxyExecutorHandle) are keys of the same kind, elsewhere
+_PROXY_BASE = 0x7E71_0000_0000
 
 
 def check_materialize(mode: str) -> str:
@@ -115,6 +117,9 @@ class ShimContext:
         self.native: native_tensors.NativeTensors | None = None
         self._private_bridge = private_bridge
         self._next_handle = itertools.count(1).__next__
+        # AOTIProxyExecutorHandle -> the executor of one model's extern-node table
+        self.proxy_executors: dict[int, proxy_executor.ProxyExecutor] = {}
+        self._next_proxy = itertools.count(1).__next__
         self._load_lock = threading.Lock()
         for device in (*BUILTIN_DEVICES, *devices):
             self.register_device(device)
@@ -293,6 +298,50 @@ class ShimContext:
                     f"{what} handle {handle:#x} is not a live tensor (deleted or never created)"
                 )
         return tensor
+
+    def rebind(self, handle: int | None, tensor: Tensor, what: str = "tensor") -> None:
+        """Make the live ``handle`` name ``tensor`` instead (libtorch's ``*handle = t``): the
+        proxy executor fills the output handles a ``.so`` passes it this way."""
+        old = self.lookup(handle, what)  # adopts a native tensor first
+        records = self.records
+        in_table = records is not None and records.contains(handle)
+        if in_table and not records.rewrite(handle, tensor):
+            raise ShimError(
+                f"{what}: a {len(tensor.sizes)}-d result does not fit the record of handle "
+                f"{handle:#x}"
+            )
+        storage = tensor.storage
+        if storage.count == 0:
+            self.live_storages[id(storage)] = storage
+        storage.count += 1
+        self.handles[handle] = tensor
+        gone = old.storage
+        gone.count -= 1
+        if gone.count == 0:
+            del self.live_storages[id(gone)]
+            gone.release()
+
+    # --- proxy executors --------------------------------------------------------------------
+
+    def register_proxy_executor(self, executor: proxy_executor.ProxyExecutor) -> int:
+        """A new ``AOTIProxyExecutorHandle`` for ``executor`` (what a model's runs pass)."""
+        handle = _PROXY_BASE + (self._next_proxy() << 4)
+        self.proxy_executors[handle] = executor
+        return handle
+
+    def unregister_proxy_executor(self, handle: int) -> None:
+        self.proxy_executors.pop(handle, None)
+
+    def proxy_executor(self, handle: int | None) -> proxy_executor.ProxyExecutor:
+        if not handle:
+            raise ShimError(
+                "proxy_executor is NULL: the model was loaded without its extern-node table, "
+                "so operators without a C shim cannot run (load it with extern_nodes=...)"
+            )
+        executor = self.proxy_executors.get(handle)
+        if executor is None:
+            raise ShimError(f"proxy_executor {handle:#x} is not a live proxy executor")
+        return executor
 
     def unregister(self, handle: int | None) -> None:
         """Delete a handle; free its storage when it was the last tensor on it."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .dtypes import DEVICE_CPU, DTYPE_TO_TORCH, ITEMSIZE, LAYOUT_STRIDED
+from .dtypes import DEVICE_CPU, DTYPE_CODES, DTYPE_TO_TORCH, ITEMSIZE, LAYOUT_STRIDED
 from .registry import check_ndim, read_i64s, shim
 from .storage import (
     ShimError,
@@ -23,6 +23,8 @@ from .storage import (
 
 if TYPE_CHECKING:
     from .context import ShimContext
+
+DTYPE_FLOAT32 = DTYPE_CODES["float32"]
 
 
 def check_dtype(dtype: int) -> int:
@@ -152,6 +154,13 @@ def aoti_torch_create_tensor_from_blob_v2(
 @shim
 def aoti_torch_delete_tensor_object(ctx, tensor):
     ctx.unregister(tensor)
+
+
+@shim
+def aoti_torch_new_uninitialized_tensor(ctx, ret):
+    """A placeholder handle (an empty float32 tensor, no memory) that the proxy executor
+    fills with an operator's result (``ShimContext.rebind``)."""
+    ctx.emit(ret, Tensor(Storage(0, 0, owned=False), DTYPE_FLOAT32, (0,), (1,), 0), "ret")
 
 
 @shim

@@ -16,11 +16,13 @@ from .context import ShimContext, check_materialize, default_context
 from .dtypes import DEVICE_CODES
 from .metal.mps_device import take_unchecked_error
 from .native import NativeBuildError, link_wrapper, undefined_symbols
+from .proxy_executor import ExternNodeError, ProxyExecutor
 from .steady_run import SteadyRun
 from .storage import HostAllocator, ShimError, Storage, Tensor, tensor_from_torch
 
 # devices a model container can be created for (the device string AOTI parses)
 DEVICES = {"cpu": DEVICE_CODES["cpu"], "mps": DEVICE_CODES["mps"]}
+PROXY_SHIM = "aoti_torch_proxy_executor_call_function"
 
 
 class AotiModelError(RuntimeError):
@@ -88,6 +90,10 @@ class AotiModel:
     run): a mismatched input is then an error, not an out-of-bounds read.
     ``context``: the ``ShimContext`` whose shims serve this model (default: the default
     context); the policy is the model's own, held by the context only while it runs.
+    ``extern_nodes``: the extern-node table (JSON) AOTI wrote next to the ``.so``; a
+    ``.so`` that calls ``aoti_torch_proxy_executor_call_function`` (operators without a
+    C shim) needs it, and its runs then pass a proxy executor handle
+    (``shims.proxy_executor``).
     """
 
     def __init__(
@@ -99,6 +105,7 @@ class AotiModel:
         check_inputs: bool = True,
         context: ShimContext | None = None,
         device: str = "cpu",
+        extern_nodes: str | bytes | bytearray | memoryview | None = None,
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
@@ -110,6 +117,7 @@ class AotiModel:
         self.context = ctx = context or default_context()
         self._container = None
         self._lib = None
+        self._proxy: int | None = None
         self._bridge: Bridge = ctx.load_bridge()
         if not self.so_path.is_file():
             raise AotiModelError(f"{self.so_path}: no such file")
@@ -119,6 +127,11 @@ class AotiModel:
             if missing:
                 raise AotiModelError(
                     f"{self.so_path.name} needs shims etmetal does not implement: {missing}"
+                )
+            if PROXY_SHIM in needed and extern_nodes is None:
+                raise AotiModelError(
+                    f"{self.so_path.name} runs operators without a C shim through the proxy "
+                    "executor and needs its extern-node table (AotiModel(..., extern_nodes=...))"
                 )
             shadowed = self._bridge.shadowed(needed)
             if shadowed:
@@ -140,6 +153,16 @@ class AotiModel:
             self._lib = ctypes.PyDLL(str(self.wrapper_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
+        if extern_nodes is not None:
+            try:
+                text = extern_nodes if isinstance(extern_nodes, str) else bytes(extern_nodes)
+                executor = ProxyExecutor.from_json(text, self._device_type)
+            except ExternNodeError as exc:
+                raise AotiModelError(f"{self.so_path.name}: {exc}") from exc
+            self.proxy_executor: ProxyExecutor | None = executor
+            self._proxy = ctx.register_proxy_executor(executor)
+        else:
+            self.proxy_executor = None
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
         self._bind_api()
         ctx.model_opened()
@@ -223,7 +246,8 @@ class AotiModel:
                     self.num_inputs,
                     self.num_outputs,
                 )
-                if self.device == "cpu"
+                # (and passes no proxy executor: models with one run the general way)
+                if self.device == "cpu" and self._proxy is None
                 else None
             )
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
@@ -302,7 +326,7 @@ class AotiModel:
         os.environ[key] = "1" if self.check_inputs else "0"
         try:
             return self._run_fn(
-                self._container, in_arr, n_in, out_arr, self.num_outputs, None, None
+                self._container, in_arr, n_in, out_arr, self.num_outputs, None, self._proxy
             )
         finally:
             self._ready = self._steady  # from now on the steady run serves
@@ -426,7 +450,7 @@ class AotiModel:
             rc = self._first_run_call(in_arr, len(handles), out_arr)
         else:
             rc = self._run_fn(
-                self._container, in_arr, len(handles), out_arr, self.num_outputs, None, None
+                self._container, in_arr, len(handles), out_arr, self.num_outputs, None, self._proxy
             )
         produced = out_arr[: self.num_outputs]
         # inputs are stolen by the container; release any it left behind (e.g. on failure)
@@ -460,6 +484,9 @@ class AotiModel:
             self._check(rc, "deleting the container")
         self._blob_owner = None
         self._blob_ptr = 0
+        if self._proxy is not None:
+            self.context.unregister_proxy_executor(self._proxy)
+            self._proxy = None
         if getattr(self, "_counted", False):
             self._counted = False
             self.context.model_closed()

@@ -100,6 +100,30 @@ class Records:
         )
         return self.base + off
 
+    def rewrite(self, handle: int, t: Tensor) -> bool:
+        """Point the record at ``handle`` to ``t`` (the proxy executor fills an output handle
+        in place); False when ``t`` has more dims than a record holds."""
+        d = len(t.sizes)
+        if d > self.MAX_DIMS:
+            return False
+        numel = 1
+        for n in t.sizes:
+            numel *= n
+        self._packers[d](
+            self.memory,
+            handle - self.base,
+            1,
+            t.data_ptr,
+            d,
+            t.offset,
+            numel,
+            t.dtype,
+            t.storage.device_type,
+            *t.sizes,
+            *t.strides,
+        )
+        return True
+
     def delete(self, handle: int) -> None:
         if handle >= self.python_end:  # an adopted native tensor: its slot is C's
             self.native.release_slot(handle)

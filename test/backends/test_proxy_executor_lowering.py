@@ -1,0 +1,98 @@
+"""Operators without a C shim (an antialiased bilinear upsample, a custom op registered
+here with torch.library) lowered for etmetal's runtime go into the delegate and run
+through the proxy executor, on the host and on the emulated Metal device, matching
+eager; lowered for upstream's runtime they stay out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.exir import to_edge
+from executorch.exir._serialize._program import deserialize_pte_binary
+
+from etmetal.backends.lowering import lower
+from etmetal.common.delegate_blobs import EXTERN_NODES_SUFFIX
+from etmetal.partitioner.metal_partitioner import MetalPartitioner
+from etmetal.runtime import Runtime
+from etmetal.shims import default_context
+
+
+@torch.library.custom_op("etmtest_lower::shifted_scale", mutates_args=())
+def shifted_scale(x: torch.Tensor, w: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
+    return x * alpha + w.view(1, -1, 1, 1) + k
+
+
+@shifted_scale.register_fake
+def _(x, w, k, alpha):
+    return torch.empty_like(x)
+
+
+class Upsampler(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear", antialias=True)
+        z = torch.ops.etmtest_lower.shifted_scale(y.relu(), self.w, 3, 0.5)
+        return z * 2 + 1
+
+
+def _extern_keys(pte: bytes) -> list[str]:
+    parsed = deserialize_pte_binary(pte)
+    return [k for k in parsed.named_data.pte_data if k.endswith(EXTERN_NODES_SUFFIX)]
+
+
+def _proxy_calls() -> int:
+    return sum(e.calls for e in default_context().proxy_executors.values())
+
+
+@pytest.mark.parametrize("target", ["host", "mps_emulated"])
+def test_ops_without_c_shim_run_delegated_through_the_proxy_executor(target):
+    module, x = Upsampler().eval(), torch.randn(1, 3, 5, 6)
+    program, partitioner = lower(module, (x,), target=target, runtime="etmetal")
+    report = partitioner.report
+    assert report.kept_out == []
+    delegated = {op for p in report.partitions for op in p.ops}
+    assert {"aten._upsample_bilinear2d_aa.vec", "etmtest_lower.shifted_scale.default"} <= delegated
+    assert len(_extern_keys(program.buffer)) == 1  # the table travels in the named data
+    method = Runtime.get().load_program(program.buffer, trust_native_code=True)
+    method = method.load_method("forward")
+    before = _proxy_calls()
+    [got] = method.execute([x])
+    # both the upsample and the custom op went through the proxy executor
+    assert _proxy_calls() - before == 2
+    with torch.no_grad():
+        torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
+    x2 = torch.randn(1, 3, 5, 6)  # a second run with other data
+    [got2] = method.execute([x2])
+    with torch.no_grad():
+        torch.testing.assert_close(got2, module(x2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["host", "mps_emulated"])
+def test_upstream_runtime_keeps_ops_without_c_shim_out(target):
+    module, x = Upsampler().eval(), torch.randn(1, 3, 5, 6)
+    with torch.no_grad():
+        edge = to_edge(torch.export.export(module, (x,)))
+    partitioner = MetalPartitioner(target=target, runtime="upstream")
+    partitioner.partition(edge.exported_program())
+    kept = {k.op: k.reason for k in partitioner.report.kept_out}
+    assert "etmtest_lower.shifted_scale.default" in kept
+    assert "proxy executor" in kept["etmtest_lower.shifted_scale.default"]
+    assert any("upsample" in op for op in kept)
+
+
+def test_default_runtime_is_etmetal_for_host_and_upstream_for_metal_targets():
+    assert MetalPartitioner(target="host").runtime == "etmetal"
+    assert MetalPartitioner(target="mps_emulated").runtime == "upstream"
+    # the runtime spec is written only when it differs from the target's default
+    specs = {s.key: s.value for s in MetalPartitioner(target="host").compile_specs}
+    assert "runtime" not in specs
+    specs = {
+        s.key: s.value
+        for s in MetalPartitioner(target="mps_emulated", runtime="etmetal").compile_specs
+    }
+    assert specs["runtime"] == b"etmetal"
+    with pytest.raises(ValueError, match="unknown Metal runtime"):
+        MetalPartitioner(target="host", runtime="libtorch")
