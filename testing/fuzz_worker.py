@@ -8,7 +8,9 @@ flushed, so the parent can attribute a crash or hang. Case kinds (``id % 4``):
 - ``weights``: the weights blob mutated (flips, truncation, extension) and re-keyed
   with its new sha256, so the mutant passes the integrity check and reaches the ``.so``;
 - ``processed``: the delegate's processed bytes mutated;
-- ``shim``: a random sequence of C shim calls with hostile arguments.
+- ``shim``: a random sequence of C shim calls with hostile arguments, proxy executor
+  calls among them (unknown node indices, argument counts that disagree with the node's
+  schema, tensors of the wrong dtype, bogus handles, a NULL or unknown executor).
 
 Outcomes: ``error`` (a clean etmetal error), ``correct`` (ran, outputs match eager),
 ``ran`` (a valid altered program ran, e.g. other weights), ``BAD`` (anything else).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import random
 import sys
@@ -122,6 +125,69 @@ def run_program(seed: Seed, data: bytes) -> tuple[str, str]:
     return ("correct", "") if _close(outputs, seed.expected) else ("ran", "")
 
 
+# the proxy executor the shim sequences call: an add (alpha is a dynamic int) and an
+# antialiased upsample (output size dynamic), both on float32 tensors
+def _arg(name: str, arg: dict) -> dict:
+    return {"name": name, "arg": arg}
+
+
+_PROXY_TABLE = json.dumps(
+    {
+        "nodes": [
+            {"name": "buf0", "node": {
+                "target": "aten::add.Tensor",
+                "inputs": [_arg("self", {"as_tensor": {"name": "a"}}),
+                           _arg("other", {"as_tensor": {"name": "b"}}),
+                           _arg("alpha", {"as_int": 1})],
+                "outputs": [{"as_tensor": {"name": "c"}}],
+                "metadata": {"etmetal_tensor_dtypes": json.dumps(dict.fromkeys("abc", "float32"))},
+            }},
+            {"name": "buf1", "node": {
+                "target": "aten::_upsample_bilinear2d_aa",
+                "inputs": [_arg("self", {"as_tensor": {"name": "x"}}),
+                           _arg("output_size", {"as_ints": [2, 2]}),
+                           _arg("align_corners", {"as_bool": False})],
+                "outputs": [{"as_tensor": {"name": "y"}}],
+            }},
+        ]
+    }
+)  # fmt: skip
+_proxy_handle: int | None = None
+
+
+def _proxy_call(lib, rng: random.Random, live: list[int]) -> int:
+    """One hostile ``aoti_torch_proxy_executor_call_function``; its output placeholder (made
+    first, filled on success) joins ``live``."""
+    global _proxy_handle
+    from etmetal.shims import default_context
+    from etmetal.shims.dtypes import DEVICE_CPU
+    from etmetal.shims.proxy_executor import ProxyExecutor
+
+    ctx = default_context()
+    if _proxy_handle is None:
+        _proxy_handle = ctx.register_proxy_executor(
+            ProxyExecutor.from_json(_PROXY_TABLE, DEVICE_CPU)
+        )
+    out = ctypes.c_void_p()
+    if lib.aoti_torch_new_uninitialized_tensor(ctypes.byref(out)) != 0:
+        return 2  # reported as a bad return code
+    live.append(out.value)
+    n_tensors = rng.choice([0, 1, 2, 3, 3, 4, -1])
+    pool = [*live, 0xBAD0, 0] if rng.random() < 0.2 else list(live)
+    handles = [rng.choice(pool) for _ in range(4)]
+    if 0 < n_tensors <= 4:
+        handles[n_tensors - 1] = out.value
+    ints = (ctypes.c_int64 * 4)(*[rng.choice([1, 2, 3, 0, -1]) for _ in range(4)])
+    return lib.aoti_torch_proxy_executor_call_function(
+        rng.choice([_proxy_handle] * 4 + [0, 0xBAD0]),
+        rng.choice([0, 0, 1, 1, 2, -1, 1 << 20]),
+        rng.choice([0, 1, 1, 2, 2, 3, -1]),
+        ints,
+        n_tensors,
+        (ctypes.c_void_p * 4)(*handles),
+    )
+
+
 def shim_sequence(rng: random.Random) -> tuple[str, str]:
     """Random hostile C shim calls; every call must return 0/1 and all memory come back."""
     from etmetal.shims import c_api, clear_last_error, memory_stats
@@ -132,7 +198,9 @@ def shim_sequence(rng: random.Random) -> tuple[str, str]:
     i64 = ctypes.c_int64
     failures = 0
     for _ in range(rng.randint(5, 40)):
-        op = rng.choice(["empty", "empty", "view", "delete", "bogus", "null", "numel", "copy"])
+        op = rng.choice(
+            ["empty", "empty", "view", "delete", "bogus", "null", "numel", "copy", "proxy"]
+        )
         out = ctypes.c_void_p()
         ndim = rng.randint(0, 3)
         sizes = (i64 * max(ndim, 1))(
@@ -174,6 +242,8 @@ def shim_sequence(rng: random.Random) -> tuple[str, str]:
             rc = lib.aoti_torch_get_numel(rng.choice(live), ctypes.byref(n))
         elif op == "copy" and len(live) > 1:
             rc = lib.aoti_torch_copy_(rng.choice(live), rng.choice(live), 0)
+        elif op == "proxy":
+            rc = _proxy_call(lib, rng, live)
         else:
             continue
         if rc not in (0, 1):
