@@ -294,7 +294,12 @@ class TargetCapabilities:
             if isinstance(val, torch.Tensor) and not val.is_floating_point():
                 return fallback_shim_name(op, self.device)
         if op in lowering.fallbacks or op not in lowering.lowerings:
-            return fallback_shim_name(op, self.device) if has_c_shim(op) else PROXY_EXECUTOR_SHIM
+            name = fallback_shim_name(op, self.device)
+            # a custom op the table lists by name has a C shim of its own (Inductor calls
+            # it by name through aot_inductor.custom_ops_to_c_shims)
+            if has_c_shim(op) or name in self.supported_fallbacks:
+                return name
+            return PROXY_EXECUTOR_SHIM
         return None
 
     def _decompose(self, op: torch._ops.OpOverload, node: torch.fx.Node) -> list[torch.fx.Node]:

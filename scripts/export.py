@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape", action="append", default=[], help="example input shape, e.g. 1,3,8,8"
     )
+    parser.add_argument("--runtime", choices=("etmetal", "upstream"), help="see MetalPartitioner")
     parser.add_argument("--codesign-identity", help="sign the .so on macOS ('-' = ad hoc)")
     parser.add_argument("--list", action="store_true", help="list the registry models")
     parser.add_argument("-v", "--verbose", action="store_true", help="log each decision")
@@ -82,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
         specs.append(CompileSpec("codesign_identity", args.codesign_identity.encode()))
     module, inputs = resolve_model(args.model, args.input_shape)
     start = time.perf_counter()
-    program, partitioner = lower(module, inputs, target=args.target, compile_specs=specs)
+    program, partitioner = lower(
+        module, inputs, target=args.target, compile_specs=specs, runtime=args.runtime
+    )
     elapsed = time.perf_counter() - start
     name = args.model.replace(":", "_").replace(".", "_")
     out = Path(args.output or f"{name}.pte")

@@ -12,7 +12,14 @@ import torch
 from etmetal.backends.mps_abi import MPS_RUNTIME_ABI
 from etmetal.backends.supported_ops import SUPPORTED_FALLBACKS
 from etmetal.backends.targets import TARGETS
-from etmetal.common.fallbacks import FALLBACKS, all_fallback_shims, fallback_shims
+from etmetal.common.fallbacks import (
+    FALLBACKS,
+    PROXY_EXECUTOR_SHIM,
+    RUNTIMES,
+    all_fallback_shims,
+    fallback_shims,
+    runtime_shims,
+)
 from etmetal.shims.registry import SHIMS
 
 _FALLBACK_SYMBOL = re.compile(r"aoti_torch_(?:cpu|mps|cuda|xpu)_")
@@ -50,3 +57,12 @@ def test_every_fallback_shim_is_in_the_table():
 def test_every_table_entry_is_a_shim_torch_declares(target):
     device, _ = FALLBACKS[target]
     assert sorted(fallback_shims(target) - _declared(device)) == []
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_fallback_a_runtime_is_allowed_has_a_shim(target, runtime):
+    allowed = runtime_shims(target, runtime)
+    assert allowed >= fallback_shims(target)
+    assert (PROXY_EXECUTOR_SHIM in allowed) == (runtime == "etmetal")
+    assert sorted(allowed - set(SHIMS)) == []
