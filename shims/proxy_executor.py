@@ -258,6 +258,9 @@ class ProxyExecutor:
         taken = {t.storage.ptr for t in inputs}
         for i, (h, r) in enumerate(zip(outputs, results)):
             self._check_dtype(node, node.n_input_tensors + i, r.dtype, produced=True)
+            current = inputs[node.n_input_tensors + i]
+            if r.data_ptr() == current.data_ptr and _same_geometry(r, current):
+                continue  # an in-place op returned the very tensor the handle names
             if r.untyped_storage().data_ptr() in taken:
                 r = r.clone()  # an output aliasing an argument: the handle gets its own memory
             ctx.rebind(h, adopt_result(r, self.device_type), f"{node.describe()} output {i}")
@@ -274,6 +277,14 @@ class ProxyExecutor:
             f"{node.describe()}: tensor {i} ({name}) {what} with dtype {got}, the compiled "
             f"model expects {expected}"
         )
+
+
+def _same_geometry(t: torch.Tensor, shim_tensor) -> bool:
+    return (
+        t.dtype == DTYPE_TO_TORCH.get(shim_tensor.dtype)
+        and tuple(t.shape) == shim_tensor.sizes
+        and tuple(t.stride()) == shim_tensor.strides
+    )
 
 
 def _read_handles(addr: int | None, n: int) -> list[int]:

@@ -77,6 +77,12 @@ TABLE = json.dumps(
                 [],
                 {"buf4": "float32", "buf5": "float32"},
             ),
+            _node(
+                "aten::add_.Tensor",
+                [("self", _tensor("buf6")), ("other", _tensor("buf7"))],
+                [_tensor("buf6")],
+                {"buf6": "float32", "buf7": "float32"},
+            ),
         ]
     }
 )
@@ -149,11 +155,11 @@ def test_mutated_argument_is_written_in_place_through_a_strided_view(cdrv, proxy
 
 def test_unknown_node_index_is_an_error_naming_it(cdrv, proxy):
     hx = cdrv.from_torch(torch.randn(2))
-    for index in (3, 99, -1):
+    for index in (4, 99, -1):
         msg = cdrv.expect_failure(
             SHIM, proxy, index, 0, None, 1, _handles(hx), mentions=f"extern node index {index}"
         )
-        assert "has 3 node(s)" in msg
+        assert "has 4 node(s)" in msg
     assert cdrv.delete(hx) == 0
 
 
@@ -217,3 +223,23 @@ def test_bad_handles_and_a_missing_executor_are_errors(cdrv, proxy):
 def test_malformed_tables_are_refused_at_load(table, mentions):
     with pytest.raises(ExternNodeError, match=mentions):
         ProxyExecutor.from_json(table, DEVICE_CPU)
+
+
+def test_in_place_op_returning_its_argument_keeps_the_handle_on_its_view(cdrv, proxy):
+    base = cdrv.empty((2, 4))
+    cdrv.write(base, np.ones((2, 4), np.float32))
+    rc, view = cdrv.reinterpret(base, (2, 2), (4, 1), 2)  # the right half
+    assert rc == 0, last_error()
+    other = torch.randn(2, 2)
+    ho = cdrv.from_torch(other)
+    before = cdrv.ptr(view)
+    rc = cdrv.lib.aoti_torch_proxy_executor_call_function(
+        proxy, 3, 0, None, 3, _handles(view, ho, view)
+    )
+    assert rc == 0, last_error()
+    assert cdrv.ptr(view) == before  # still a view into base, not a copy
+    want = torch.ones(2, 4)
+    want[:, 2:] += other
+    torch.testing.assert_close(_t(cdrv, base), want)
+    for h in (view, ho, base):
+        assert cdrv.delete(h) == 0
