@@ -96,3 +96,18 @@ def test_default_runtime_is_etmetal_for_host_and_upstream_for_metal_targets():
     assert specs["runtime"] == b"etmetal"
     with pytest.raises(ValueError, match="unknown Metal runtime"):
         MetalPartitioner(target="host", runtime="libtorch")
+
+
+def test_preprocess_accepts_proxy_calls_only_for_etmetals_runtime():
+    from etmetal.backends.metal_backend import unsupported_externs
+    from etmetal.backends.targets import resolve_runtime
+
+    so = b"\x7fELF...aoti_torch_proxy_executor_call_function...aoti_torch_cpu_mm_out..."
+    assert unsupported_externs(so, "host", "etmetal") == []
+    [missing] = unsupported_externs(so, "host", "upstream")
+    assert "proxy executor" in missing and "runtime='etmetal'" in missing
+    assert unsupported_externs(so.replace(b"cpu_mm_out", b"cpu_cumsum"), "host", "etmetal") == [
+        "aoti_torch_cpu_cumsum"
+    ]
+    with pytest.raises(ValueError, match="ExecuTorch's Metal runtime"):
+        resolve_runtime("etmetal", "mps")
