@@ -311,8 +311,11 @@ _ENTRIES = [
 REGISTRY: dict[str, RegistryEntry] = {e.name: e for e in _ENTRIES}
 
 
-def get_model_and_inputs(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A fresh module in eval mode and random float32 inputs, both from ``seed``."""
+def get_model_and_inputs(
+    name: str, seed: int = 0, quantize: bool = True
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A fresh module in eval mode and random float32 inputs, both from ``seed``.
+    ``quantize=False``: the int4 modules' float original (same weights, not quantized)."""
     if name not in REGISTRY:
         raise KeyError(f"unknown registry module {name!r}; choose from {', '.join(REGISTRY)}")
     entry = REGISTRY[name]
@@ -321,7 +324,7 @@ def get_model_and_inputs(name: str, seed: int = 0) -> tuple[nn.Module, tuple[tor
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         module = entry.make_module().eval()
-    if entry.qlinear is not None:
+    if entry.qlinear is not None and quantize:
         quantize_linears(module, entry.qlinear, entry.qlinear_group_size)
     inputs = tuple(torch.randn(*s, generator=gen) for s in entry.input_shapes)
     return module, inputs
