@@ -79,6 +79,8 @@ def check_linear_args(
         )
     if group_size not in GROUP_SIZES:
         raise ValueError(f"{op}: group_size must be one of {GROUP_SIZES}, got {group_size}")
+    if n % 4 and m != 1:  # torchao's kernels tile N by 4 unless there is one row
+        raise ValueError(f"{op}: N={n} must be a multiple of 4 when M={m} is not 1")
     groups = -(-k // group_size)
     for name, t in (("S", scales), ("Z", zeros)):
         if t.dim() != 2 or t.shape[0] != n or t.shape[1] < groups:
@@ -86,6 +88,8 @@ def check_linear_args(
                 f"{op}: {name} must be [{n}, {groups}] (one per output row and group), got "
                 f"{list(t.shape)}"
             )
+        if t.dtype != a.dtype:
+            raise ValueError(f"{op}: {name} has dtype {t.dtype}, A has {a.dtype}")
     return m, k, n
 
 

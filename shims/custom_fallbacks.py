@@ -78,6 +78,7 @@ def gather_qmv(ctx, x, w, s, z, expert_indices, group_size, ret):
     for name, t in (("S", st), ("Z", zt)):
         want = [e, n, k // group_size]
         _require(_shape(t) == want, op, f"{name} must be {want}, got {_shape(t)}")
+        _require(t.is_floating_point(), op, f"{name} must be floating point, got {t.dtype}")
     _require(
         idx.dim() == 1 and idx.shape[0] == p and not idx.is_floating_point(),
         op,

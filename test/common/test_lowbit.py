@@ -40,7 +40,7 @@ def test_unpack_inverts_pack(nbit):
 
 
 def test_linear_is_dequantize_by_group_then_matmul():
-    n, k, gs = 6, 64, 32
+    n, k, gs = 8, 64, 32
     q = _values(n, k, 4)
     scales = torch.rand(n, k // gs) + 0.01
     zeros = -torch.randint(0, 16, (n, k // gs)).float() * scales
@@ -58,18 +58,20 @@ def test_linear_is_dequantize_by_group_then_matmul():
     "change, mentions",
     [
         ({"group_size": 48}, "group_size"),
-        ({"b": torch.zeros(6, 31, dtype=torch.uint8)}, "bytes per row"),
-        ({"s": torch.ones(5, 2)}, "S must be"),
+        ({"b": torch.zeros(8, 31, dtype=torch.uint8)}, "bytes per row"),
+        ({"s": torch.ones(7, 2)}, "S must be"),
+        ({"z": torch.zeros(8, 2, dtype=torch.float64)}, "Z has dtype"),
         ({"a": torch.ones(3, 64, dtype=torch.int32)}, "A must be"),
+        ({"b": torch.zeros(6, 32, dtype=torch.uint8)}, "multiple of 4"),
     ],
 )
 def test_bad_arguments_name_what_is_wrong(change, mentions):
     args = {
         "a": torch.randn(3, 64),
-        "b": torch.zeros(6, 32, dtype=torch.uint8),
+        "b": torch.zeros(8, 32, dtype=torch.uint8),
         "group_size": 32,
-        "s": torch.ones(6, 2),
-        "z": torch.zeros(6, 2),
+        "s": torch.ones(8, 2),
+        "z": torch.zeros(8, 2),
     }
     args.update(change)
     with pytest.raises(ValueError, match=mentions):

@@ -30,9 +30,7 @@ def torchao_reference(linear: torch.nn.Linear, x: torch.Tensor, group_size: int)
     each weight dequantized as ``q * scale + zero`` of its group, then one matmul."""
     q, scales, zero_points = _quantize(linear.weight.detach(), group_size, 4, True, signed=False)
     zeros = -zero_points * scales
-    w = q.float() * scales.repeat_interleave(group_size, 1) + zeros.repeat_interleave(
-        group_size, 1
-    )
+    w = q.float() * scales.repeat_interleave(group_size, 1) + zeros.repeat_interleave(group_size, 1)
     y = x @ w.t()
     return y if linear.bias is None else y + linear.bias.detach()
 

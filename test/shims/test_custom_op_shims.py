@@ -153,3 +153,48 @@ def test_gated_delta_rule_refuses_a_state_of_the_wrong_shape(cdrv):
     assert "metal::gated_delta_rule" in msg
     for h in hs:
         assert cdrv.delete(h) == 0
+
+
+def _perturb(rng, t: torch.Tensor) -> torch.Tensor:
+    """``t`` with one thing wrong: its dtype or its rank."""
+    if rng.random() < 0.5:
+        return t.to(torch.int32 if t.is_floating_point() else torch.float32)
+    return t.unsqueeze(0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_custom_shims_refuse_malformed_arguments_cleanly(cdrv, seed):
+    """One argument made wrong at random (or the output pointer NULL, or a dead handle):
+    the call returns an error naming the operator, leaks nothing, never crashes."""
+    import random
+
+    rng = random.Random(seed)
+    a, _, packed, scales, zeros = _int4_case()
+    x, w, s, b, idx = _gather_case()
+    cases = {
+        "aoti_torch_cpu__linear_fp_act_4bit_weight": ([a, packed, 32, scales, zeros], "4bit"),
+        "aoti_torch_mps_gather_qmv": ([x, w, s, b, idx, 32], "metal::gather_qmv"),
+        "aoti_torch_cpu_gated_delta_rule": (list(_delta_case()), "metal::gated_delta_rule"),
+    }
+    name = rng.choice(sorted(cases))
+    args, mentions = cases[name]
+    tensors = [i for i, v in enumerate(args) if isinstance(v, torch.Tensor)]
+    how = rng.choice(["tensor", "tensor", "tensor", "null_ret", "dead_handle", "group"])
+    if how == "group" and 32 in args:
+        args[args.index(32)] = rng.choice([0, -32, 48, 1 << 40])
+    elif how == "tensor" or how == "group":
+        i = rng.choice(tensors)
+        args[i] = _perturb(rng, args[i])
+    handles = {i: _h(cdrv, args[i]) for i in tensors}
+    c_args = [handles.get(i, v) for i, v in enumerate(args)]
+    if how == "dead_handle":
+        victim = rng.choice(tensors)
+        assert cdrv.delete(handles.pop(victim)) == 0
+    ret = ctypes.c_void_p()
+    out = None if how == "null_ret" else ctypes.byref(ret)
+    cdrv.expect_failure(name, *c_args, out, mentions="")
+    assert ret.value is None
+    if how != "dead_handle":
+        assert mentions in last_error() or "NULL" in last_error(), last_error()
+    for h in handles.values():
+        assert cdrv.delete(h) == 0
