@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from executorch.exir._serialize._program import deserialize_pte_binary
-from torchao.experimental.quant_api import _quantize
 
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.runtime import Runtime
 from etmetal.shims import load_bridge
+from etmetal.testing.torchao_reference import int4_linear_reference
 
 INT4 = [name for name, entry in REGISTRY.items() if entry.qlinear == "fpa4w"]
 SHIM = "aoti_torch_cpu__linear_fp_act_4bit_weight"
@@ -23,16 +23,6 @@ def _run(pte: bytes, inputs) -> list[torch.Tensor]:
         return method.execute(list(inputs))
     finally:
         method.destroy()
-
-
-def torchao_reference(linear: torch.nn.Linear, x: torch.Tensor, group_size: int) -> torch.Tensor:
-    """torchao's path, independent of etmetal: its min-max quantizer on the float weight,
-    each weight dequantized as ``q * scale + zero`` of its group, then one matmul."""
-    q, scales, zero_points = _quantize(linear.weight.detach(), group_size, 4, True, signed=False)
-    zeros = -zero_points * scales
-    w = q.float() * scales.repeat_interleave(group_size, 1) + zeros.repeat_interleave(group_size, 1)
-    y = x @ w.t()
-    return y if linear.bias is None else y + linear.bias.detach()
 
 
 def test_the_registry_has_the_five_upstream_int4_linears():
@@ -55,7 +45,7 @@ def test_int4_delegate_matches_torchao_reference(name, lowered):
     for seed in (0, 1):
         x = low.inputs[0] if seed == 0 else torch.randn(low.inputs[0].shape)
         [got] = _run(low.pte, [x])
-        want = torchao_reference(float_module.linear, x, group_size)
+        want = int4_linear_reference(float_module.linear, x, group_size)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     # and the quantization is real: the float module's output differs
     assert not torch.allclose(float_module(x), want, atol=1e-4, rtol=1e-4)
