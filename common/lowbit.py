@@ -103,8 +103,14 @@ def dequantize(
 ) -> torch.Tensor:
     """The ``[N, K]`` float32 weight: ``q * scale + zero`` per group of columns."""
     q = unpack(packed, k, nbit).to(torch.float32)
-    s = scales.to(torch.float32).repeat_interleave(group_size, dim=1)[:, :k]
-    z = zeros.to(torch.float32).repeat_interleave(group_size, dim=1)[:, :k]
+    n, groups = q.shape[0], -(-k // group_size)
+    s = scales[:, :groups].to(torch.float32)
+    z = zeros[:, :groups].to(torch.float32)
+    if k % group_size == 0:  # one broadcast per group, no expanded scale matrices
+        w = q.view(n, groups, group_size) * s.unsqueeze(-1) + z.unsqueeze(-1)
+        return w.view(n, k)
+    s = s.repeat_interleave(group_size, dim=1)[:, :k]  # a partial last group
+    z = z.repeat_interleave(group_size, dim=1)[:, :k]
     return q * s + z
 
 

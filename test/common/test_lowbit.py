@@ -76,3 +76,13 @@ def test_bad_arguments_name_what_is_wrong(change, mentions):
     args.update(change)
     with pytest.raises(ValueError, match=mentions):
         lowbit.linear(args["a"], args["b"], args["group_size"], args["s"], args["z"], 4)
+
+
+def test_a_partial_last_group_uses_its_own_scale():
+    # K=40 with groups of 32: the last 8 columns form a group of their own
+    n, k, gs = 4, 40, 32
+    q = _values(n, k, 4, seed=3)
+    scales, zeros = torch.rand(n, 2) + 0.1, torch.rand(n, 2)
+    w = lowbit.dequantize(lowbit.pack(q, 4), k, gs, scales, zeros, 4)
+    torch.testing.assert_close(w[:, :32], q[:, :32].float() * scales[:, :1] + zeros[:, :1])
+    torch.testing.assert_close(w[:, 32:], q[:, 32:].float() * scales[:, 1:] + zeros[:, 1:])
