@@ -327,8 +327,7 @@ class TargetCapabilities:
         if shim not in self.supported_fallbacks:
             return OpVerdict(
                 False,
-                f"{wrapper} of {op}: Inductor would call {shim}, which the {self.target} "
-                "runtime does not provide",
+                f"{wrapper} of {op}: the {self.target} runtime has no shim {shim} for it",
                 (shim,),
             )
         return OpVerdict(True, f"fallback {shim} (in place)", (shim,))
