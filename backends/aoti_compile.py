@@ -201,6 +201,12 @@ def compile_exported_program(
     if target == MPS_EMULATED_TARGET and link_libtorch:
         raise ValueError("target 'mps_emulated' builds without libtorch (link_libtorch=False)")
     options = aoti_options(link_libtorch=link_libtorch, extra=extra_options)
+    from .custom_ops import inductor_custom_shims
+    from .targets import device_of
+
+    custom = inductor_custom_shims(ep, device_of(target))
+    if custom:  # named C shims instead of libtorch's proxy executor
+        options["aot_inductor.custom_ops_to_c_shims"] = custom
     key = cache_key(ep, target, _keyed_options(target, options))
     if not use_cache:  # a private directory the caller owns
         entry = Path(tempfile.mkdtemp(prefix="etmetal-aoti-"))
@@ -247,6 +253,12 @@ def _artifact(key: str, entry: Path, from_cache: bool) -> AotiArtifact:
 
 
 def _keyed_options(target: str, options: dict[str, Any]) -> dict[str, Any]:
+    custom = options.get("aot_inductor.custom_ops_to_c_shims")
+    if custom:  # operator keys are not JSON: key by their names
+        options = {
+            **options,
+            "aot_inductor.custom_ops_to_c_shims": {str(op): d for op, d in custom.items()},
+        }
     if target != MPS_EMULATED_TARGET:
         return options
     from .mps_emulated_compile import BUILD_RECIPE

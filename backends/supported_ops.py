@@ -100,6 +100,11 @@ _DIM_ORDER_FORMS = {
 _SYM_MODULES = ("_operator", "operator", "math")
 _SYM_FUNCTIONS = (torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int)
 _CONTROL_FLOW = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+# a mutating custom op, functionalized by export (v2 since torch 2.6)
+_AUTO_FUNCTIONALIZED = (
+    torch.ops.higher_order.auto_functionalized,
+    torch.ops.higher_order.auto_functionalized_v2,
+)
 _NO_FLOAT64 = (torch.float64, torch.complex64, torch.complex128)
 
 
@@ -196,6 +201,8 @@ class TargetCapabilities:
                 f"{target.name()} is not compiled by AOTInductor from edge dialect here"
                 + ("" if verdict.supported else f" (and {verdict.reason})"),
             )
+        if target in _AUTO_FUNCTIONALIZED:
+            return self._check_mutating_op(node)
         if isinstance(target, torch._ops.HigherOrderOperator):
             return OpVerdict(False, f"higher-order op {target.name()} has no AOTI lowering here")
         raw = aten_overload(target)
@@ -341,6 +348,22 @@ class TargetCapabilities:
                 _allow_non_fake_inputs=True,
             )(*args)
         return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+    def _check_mutating_op(self, node: torch.fx.Node) -> OpVerdict:
+        """``auto_functionalized(op, ...)``: a custom op that writes an input. Inductor
+        re-inplaces it and calls the op's shim with the mutated tensor as an argument."""
+        op = aten_overload(node.args[0]) if node.args else None
+        wrapper = node.target.name()
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace == "aten":
+            return OpVerdict(False, f"{wrapper} of {op} is not compiled as a named shim here")
+        shim = fallback_shim_name(op, self.device)
+        if shim not in self.supported_fallbacks:
+            return OpVerdict(
+                False,
+                f"{wrapper} of {op}: the {self.target} runtime has no shim {shim} for it",
+                (shim,),
+            )
+        return OpVerdict(True, f"fallback {shim} (in place)", (shim,))
 
     def _check_control_flow(self, node: torch.fx.Node) -> OpVerdict:
         owner = node.graph.owning_module

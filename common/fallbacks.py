@@ -13,6 +13,8 @@ in ``FALLBACKS``.
 
 from __future__ import annotations
 
+from .custom_ops import CUSTOM_OP_NAMES
+
 # fallbacks every target's runtime implements: matrix products and convolution leave
 # Inductor by design, top-k on most shapes
 _EVERYWHERE = frozenset({"mm_out", "addmm_out", "bmm_out", "convolution", "topk"})
@@ -47,6 +49,10 @@ FALLBACKS: dict[str, tuple[str, frozenset[str]]] = {
 }
 # the emulated Metal device predicts (and serves) exactly what a Mac's Metal runtime has
 FALLBACKS["mps_emulated"] = FALLBACKS["mps"]
+
+# custom (non-ATen) operators every target runs as named shims: torchao's int4 linear and
+# upstream's Metal MoE / linear-attention ops (declared in etmetal.common.custom_ops)
+FALLBACKS = {t: (device, ops | CUSTOM_OP_NAMES) for t, (device, ops) in FALLBACKS.items()}
 
 
 def shim_name(device: str, op: str) -> str:

@@ -1,11 +1,19 @@
-"""The float32 modules of ExecuTorch's Metal test registry that need no Metal-only op.
+"""The 28 float32 modules of ExecuTorch's Metal test registry.
 
 Same operator patterns as upstream's ``backends/apple/metal/tests/test_modules.py``
 (add, mm, addmm, split+cat, linear, conv1d, the SDPA variants with their stride
-layouts, narrow on the last dim, topk) and the same float32 tolerances, with
-smaller shapes so that every module compiles in seconds; the strided SDPA
-variants keep upstream's layouts (a [B, S, H, D] buffer viewed as [B, H, S, D],
-broadcast queries, an additive mask) scaled down.
+layouts, narrow on the last dim, topk, the int4 linears, ``metal::gather_qmv`` and
+``metal::gated_delta_rule``) and the same float32 tolerances, with smaller shapes so
+that every module compiles in seconds; the strided SDPA variants keep upstream's layouts
+(a [B, S, H, D] buffer viewed as [B, H, S, D], broadcast queries, an additive mask)
+scaled down.
+
+The int4 modules (``qlinear="fpa4w"``) are quantized the way upstream quantizes them:
+torchao's ``UIntxWeightOnlyConfig(bitwidth=4)`` through ``quantize_``, whose operators
+etmetal registers where torchao's MPS library is missing
+(:mod:`etmetal.backends.torchao_ops`). Their eager output is torchao's reference
+(dequantize by group, then matmul), which upstream compares with
+(``compare_to_unquantized: False``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ class RegistryEntry:
     description: str
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
+    qlinear: str | None = None  # "fpa4w": int4 weights, float activations (torchao)
+    qlinear_group_size: int = 32
 
 
 class Add(nn.Module):
@@ -66,9 +76,9 @@ class SplitCat(nn.Module):
 
 
 class Linear(nn.Module):
-    def __init__(self, bias: bool) -> None:
+    def __init__(self, bias: bool, in_features: int = 7, out_features: int = 101) -> None:
         super().__init__()
-        self.linear = nn.Linear(7, 101, bias=bias)
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
@@ -151,6 +161,38 @@ class TopK(nn.Module):
         return values
 
 
+class GatherQmv(nn.Module):
+    """``metal::gather_qmv``: each row times the int4 weights of its expert (MoE)."""
+
+    def __init__(self, experts: int = 4, n: int = 64, k: int = 128, group_size: int = 32):
+        super().__init__()
+        from executorch.backends.apple.metal.ops.gather_qmv import _quantize_int4_affine
+
+        packed, scales, biases = _quantize_int4_affine(torch.randn(experts, n, k), group_size)
+        self.register_buffer("w", packed)
+        self.register_buffer("scales", scales)
+        self.register_buffer("biases", biases)
+        self.group_size, self.experts = group_size, experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        indices = torch.arange(x.shape[0], dtype=torch.int32) % self.experts
+        return torch.ops.metal.gather_qmv(
+            x, self.w, self.scales, self.biases, indices, self.group_size
+        )
+
+
+class GatedDeltaRule(nn.Module):
+    """``metal::gated_delta_rule`` over a state buffer reset at every call (as upstream)."""
+
+    def __init__(self, batch: int = 1, heads: int = 4, dv: int = 64, dk: int = 64) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(batch, heads, dv, dk))
+
+    def forward(self, q, k, v, g, beta) -> torch.Tensor:
+        self.state.zero_()
+        return torch.ops.metal.gated_delta_rule(q, k, v, g, beta, self.state)
+
+
 def _bshd(b: int, h: int, s: int, d: int) -> tuple[int, ...]:
     """Strides of a [B, S, H, D] buffer viewed as [B, H, S, D]."""
     return (s * h * d, d, h * d, 1)
@@ -230,19 +272,91 @@ _ENTRIES = [
     ),
     RegistryEntry("narrow_last_dim", NarrowLastDim, ((2, 4, 16),), "narrow halves of the last dim"),
     RegistryEntry("topk", TopK, ((4, 64),), "top-2 routing over linear scores"),
+    *(
+        RegistryEntry(
+            name,
+            make,
+            shapes,
+            description + " (int4 weights, torchao fpa4w, group size 32)",
+            atol=5e-2,
+            rtol=5e-2,
+            qlinear="fpa4w",
+        )
+        for name, make, shapes, description in (
+            ("linear_nobias_int4", lambda: Linear(False, 128, 256), ((127, 128),), "linear"),
+            ("linear_bias_int4", lambda: Linear(True, 128, 256), ((127, 128),), "linear + bias"),
+            # one row: upstream's qmv kernel; N = 2 (mod 4) like upstream's 8198
+            ("linear_int4_qmv_impl", lambda: Linear(True, 640, 1030), ((1, 640),), "one row"),
+            ("linear_int4_qmv_impl_small_odd", lambda: Linear(True, 32, 3), ((1, 32),), "N=3"),
+            ("linear_int4_qmv_impl_small_even", lambda: Linear(True, 32, 10), ((1, 32),), "N=10"),
+        )
+    ),
+    RegistryEntry(
+        "gather_qmv",
+        GatherQmv,
+        ((4, 128),),
+        "expert-indexed int4 matmul (metal::gather_qmv)",
+        atol=5e-2,
+        rtol=5e-2,
+    ),
+    RegistryEntry(
+        "gated_delta_rule",
+        GatedDeltaRule,
+        ((1, 2, 4, 64), (1, 2, 4, 64), (1, 2, 4, 64), (1, 2, 4), (1, 2, 4)),
+        "gated delta rule recurrence (metal::gated_delta_rule)",
+        atol=1e-4,
+    ),
 ]
 
 REGISTRY: dict[str, RegistryEntry] = {e.name: e for e in _ENTRIES}
 
 
-def get_model_and_inputs(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A fresh module in eval mode and random float32 inputs, both from ``seed``."""
+def get_model_and_inputs(
+    name: str, seed: int = 0, quantize: bool = True
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A fresh module in eval mode and random float32 inputs, both from ``seed``.
+    ``quantize=False``: the int4 modules' float original (same weights, not quantized)."""
     if name not in REGISTRY:
         raise KeyError(f"unknown registry module {name!r}; choose from {', '.join(REGISTRY)}")
     entry = REGISTRY[name]
     gen = torch.Generator().manual_seed(seed)
+    _register_custom_ops()
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         module = entry.make_module().eval()
+    if entry.qlinear is not None and quantize:
+        quantize_linears(module, entry.qlinear, entry.qlinear_group_size)
     inputs = tuple(torch.randn(*s, generator=gen) for s in entry.input_shapes)
     return module, inputs
+
+
+def _register_custom_ops() -> None:
+    """The operators the int4 and custom-op modules call (torchao's low-bit ops where its
+    MPS library is missing, ExecuTorch's ``metal::`` reference ops)."""
+    import executorch.backends.apple.metal.ops.gated_delta_rule  # noqa: F401
+    import executorch.backends.apple.metal.ops.gather_qmv  # noqa: F401
+
+    from etmetal.backends.torchao_ops import register
+
+    register()
+
+
+def quantize_linears(module: nn.Module, qlinear: str, group_size: int = 32) -> None:
+    """Quantize every ``nn.Linear`` of ``module`` in place, as upstream's registry does."""
+    if qlinear != "fpa4w":
+        raise ValueError(f"unsupported linear quantization {qlinear!r}; expected 'fpa4w'")
+    from torchao.experimental.quant_api import UIntxWeightOnlyConfig
+    from torchao.quantization.quant_api import quantize_
+
+    def linears(m: nn.Module, fqn: str) -> bool:
+        if not isinstance(m, nn.Linear):
+            return False
+        if m.weight.shape[1] % group_size:
+            raise ValueError(
+                f"int4 quantization of {fqn}: K={m.weight.shape[1]} is not a multiple of the "
+                f"group size {group_size}"
+            )
+        return True
+
+    _register_custom_ops()
+    quantize_(module, UIntxWeightOnlyConfig(group_size=group_size, bitwidth=4), filter_fn=linears)

@@ -34,10 +34,14 @@ from ..backends.edge_ops import aten_overload
 from ..backends.metal_backend import BACKEND_ID
 from ..backends.supported_ops import OpVerdict, TargetCapabilities
 from ..backends.targets import AUTO, resolve_runtime, resolve_target
+from ..backends.torchao_ops import register as register_torchao_ops
 from ..common.fallbacks import DEFAULT_RUNTIME
 from .partition_report import DelegatedPartition, KeptOut, PartitionReport
 
 log = logging.getLogger(__name__)
+
+# torchao's int4 Metal ops (its quantize -> export path) where its MPS library is missing
+register_torchao_ops()
 
 _CONTROL_FLOW = (
     torch.ops.higher_order.cond,

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from etmetal.common import custom_ops
+
 HEADERS = (
     "c/shim.h",
     "c/shim_deprecated.h",
@@ -130,4 +132,10 @@ def declarations() -> dict[str, Decl]:
                 continue
             error = ret_spelled.strip() == "AOTITorchError"
             decls.setdefault(name, Decl(name, restype, tuple(args), error))
+    # the custom operators' shims (torchao, metal::*), declared by etmetal, not torch
+    custom = "".join(f"AOTI_TORCH_EXPORT {d};\n" for d in custom_ops.declarations())
+    for m in _DECL.finditer(custom):
+        ret_spelled, name, params = m.groups()
+        args = tuple(_param_type(p) for p in params.split(","))
+        decls.setdefault(name, Decl(name, "int32_t", args, True))
     return decls

@@ -14,6 +14,7 @@ import torch
 from etmetal.common.fallbacks import all_fallback_shims
 
 from .core import adopt_result
+from .custom_fallbacks import CUSTOM_IMPLEMENTATIONS
 from .dtypes import DEVICE_CODES, DEVICE_CPU
 from .registry import need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim_as
 from .storage import ShimError, is_packed
@@ -343,6 +344,7 @@ IMPLEMENTATIONS = {
     "_scaled_dot_product_flash_attention_for_cpu": sdpa_flash_for_cpu,
     "_scaled_dot_product_attention_math_for_mps": sdpa_math_for_mps,
     "_scaled_dot_product_attention_math_for_mps_v2": sdpa_math_for_mps_v2,
+    **CUSTOM_IMPLEMENTATIONS,  # torchao's int4 linear, metal::gather_qmv, gated_delta_rule
 }
 for _symbol, _op in all_fallback_shims().items():
     _device = DEVICE_CODES["mps"] if _symbol.startswith("aoti_torch_mps_") else DEVICE_CPU

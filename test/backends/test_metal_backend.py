@@ -291,8 +291,9 @@ _UPSTREAM_FIRST = textwrap.dedent(
 
 
 def test_upstream_metal_backend_imported_first_does_not_capture_lowering():
-    # upstream's MetalBackend cannot preprocess off macOS (it needs torchao's MPS shims),
-    # so a successful lowering here shows etmetal's backend was used, by both exir paths
+    # upstream's MetalBackend cannot preprocess off macOS (it moves the program to an MPS
+    # device), so a successful lowering here shows etmetal's backend was used, by both exir
+    # paths
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
     done = subprocess.run(
         [sys.executable, "-c", _UPSTREAM_FIRST],
@@ -306,12 +307,14 @@ def test_upstream_metal_backend_imported_first_does_not_capture_lowering():
 
 
 def test_upstream_metal_backend_fails_here_without_etmetal():
-    # the reason for the distinct lookup name: upstream's preprocess cannot run on Linux
+    # the reason for the distinct lookup name: upstream's preprocess cannot run on Linux.
+    # With etmetal's torchao op schemas registered (the partitioner was imported), upstream
+    # gets past torchao's missing MPS library and stops at the missing MPS device instead
     from executorch.backends.apple.metal.metal_backend import MetalBackend as Upstream
 
     module, inputs = get_model_and_inputs("add")
     ep = to_edge(torch.export.export(module, inputs)).exported_program()
-    with pytest.raises(RuntimeError, match="libtorchao_ops_mps"):
+    with pytest.raises(RuntimeError, match="support for mps devices"):
         Upstream.preprocess(ep, [])
 
 

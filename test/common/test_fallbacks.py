@@ -12,6 +12,7 @@ import torch
 from etmetal.backends.mps_abi import MPS_RUNTIME_ABI
 from etmetal.backends.supported_ops import SUPPORTED_FALLBACKS
 from etmetal.backends.targets import TARGETS
+from etmetal.common.custom_ops import CUSTOM_OP_SHIMS
 from etmetal.common.fallbacks import (
     FALLBACKS,
     PROXY_EXECUTOR_SHIM,
@@ -55,8 +56,11 @@ def test_every_fallback_shim_is_in_the_table():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_table_entry_is_a_shim_torch_declares(target):
+    # custom operators' shims are declared by their owners (torchao, ExecuTorch's Metal
+    # ops), which etmetal's custom-op table restates for the C bridge and for Inductor
     device, _ = FALLBACKS[target]
-    assert sorted(fallback_shims(target) - _declared(device)) == []
+    custom = {s.symbol(device) for s in CUSTOM_OP_SHIMS}
+    assert sorted(fallback_shims(target) - _declared(device) - custom) == []
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -66,3 +70,26 @@ def test_every_fallback_a_runtime_is_allowed_has_a_shim(target, runtime):
     assert allowed >= fallback_shims(target)
     assert (PROXY_EXECUTOR_SHIM in allowed) == (runtime == "etmetal")
     assert sorted(allowed - set(SHIMS)) == []
+
+
+def test_custom_op_shims_are_upstreams():
+    """The mps declarations are the ones torchao and ExecuTorch hand to Inductor."""
+    from executorch.backends.apple.metal.ops.gated_delta_rule import (
+        metal_gated_delta_rule_c_shim,
+    )
+    from executorch.backends.apple.metal.ops.gather_qmv import metal_gather_qmv_c_shim
+
+    from etmetal.backends import torchao_ops
+
+    torchao_ops.register()
+    from torchao.experimental.ops.mps.cshim import torchao_op_c_shim
+
+    upstream = {
+        op._schema.name: decls
+        for table in (metal_gather_qmv_c_shim, metal_gated_delta_rule_c_shim, torchao_op_c_shim)
+        for op, decls in table.items()
+    }
+    for shim in CUSTOM_OP_SHIMS:
+        assert upstream[shim.qualname] == [shim.declaration("mps")]
+    for target in TARGETS:
+        assert {s.op_name for s in CUSTOM_OP_SHIMS} <= FALLBACKS[target][1]
