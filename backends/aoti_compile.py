@@ -11,6 +11,7 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,7 +23,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ from typing import Any
 import torch
 
 from etmetal.common.cache import ContentCache
+
+from . import input_checks
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def compile_stats() -> dict[str, int]:
     return {"compiles": _STATS["compiles"], "cache_hits": _STATS["cache_hits"]}
 
 
-@contextmanager
+@contextlib.contextmanager
 def _progress(label: str) -> Iterator[None]:
     """Report that a compile is still running: a tqdm counter of seconds on a terminal,
     else a log line every ``HEARTBEAT_SECONDS`` (silent for fast compiles)."""
@@ -218,11 +220,15 @@ def _artifact(key: str, entry: Path, from_cache: bool) -> AotiArtifact:
 
 
 def _keyed_options(target: str, options: dict[str, Any]) -> dict[str, Any]:
-    if target != MPS_EMULATED_TARGET:
-        return options
-    from .mps_emulated_compile import BUILD_RECIPE
+    """The options plus etmetal's own changes to the build, which Inductor never sees."""
+    keyed = dict(options)
+    if not options.get("aot_inductor.link_libtorch"):
+        keyed["etmetal.input_checks"] = input_checks.RECIPE
+    if target == MPS_EMULATED_TARGET:
+        from .mps_emulated_compile import BUILD_RECIPE
 
-    return {**options, "etmetal.mps_emulated_build": BUILD_RECIPE}
+        keyed["etmetal.mps_emulated_build"] = BUILD_RECIPE
+    return keyed
 
 
 def _compile_into(
@@ -232,7 +238,14 @@ def _compile_into(
     the directory ``entry``."""
     log.info("AOTI compiling %s for %s (takes tens of seconds)", key[:12], target)
     _STATS["compiles"] += 1
-    with _progress(f"AOTI compile {key[:12]} ({target})"), torch.no_grad():
+    # etmetal's builds check their inputs on every run, with no environment variable;
+    # torch's own runner builds (link_libtorch, the benchmarks' reference) stay stock
+    checks = (
+        contextlib.nullcontext()
+        if options.get("aot_inductor.link_libtorch")
+        else input_checks.inputs_always_checked()
+    )
+    with _progress(f"AOTI compile {key[:12]} ({target})"), torch.no_grad(), checks:
         so, blob, cpp = _compile_target(ep, target, options, entry / "work")
     shutil.copy2(so, entry / "model.so")
     if blob is not None:
