@@ -19,7 +19,7 @@ from typing import Any
 
 from etmetal.scripts import benchmarking as bm
 
-SUITES = ("delegate", "runtime", "overhead", "lowering")
+SUITES = ("delegate", "runtime", "overhead", "lowering", "metal")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +41,7 @@ def suite_argv(suite: str, args: argparse.Namespace, out: Path) -> list[str]:
             "runtime": ["--repeat", "3", "--budget", "5", "--instructions", "20"],
             "overhead": ["--repeat", "3", "--sizes-mib", "1", "--calls", "2000"],
             "lowering": ["--repeat", "1", "--cached-runs", "2", "--no-pte", "--model", "tiny"],
+            "metal": ["--repeat", "3", "--launches", "20", "--kernel-runs", "3", "--budget", "5"],
         }[suite]
     return argv
 
