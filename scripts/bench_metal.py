@@ -18,7 +18,8 @@ MODELS = ("transformer_block", "patch_embedding")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    bm.add_common_arguments(parser, repeat=15, models=MODELS)
+    # short samples on a shared machine: many rounds for a stable median
+    bm.add_common_arguments(parser, repeat=60, models=MODELS)
     parser.add_argument("--launches", type=int, default=200, help="kernel launches per sample")
     parser.add_argument("--elements", type=int, default=256, help="trivial kernel's threads")
     parser.add_argument(

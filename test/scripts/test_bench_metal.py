@@ -33,6 +33,7 @@ def test_metal_suite_reports_launches_kernels_and_the_emulated_host_ratio():
     assert ratio["case"] == "patch_embedding"
     assert set(ratio["median_us"]) == {"host", "mps_emulated", "eager"}
     assert all(e <= 1e-4 for e in ratio["extra"]["max_abs_err_vs_eager"].values())
+    assert ratio["extra"]["best_ratio"] > 0
     md = bench_report.render(
         {
             "machine": doc["machine"],
@@ -43,8 +44,26 @@ def test_metal_suite_reports_launches_kernels_and_the_emulated_host_ratio():
         }
     )
     assert "## Emulated Metal device" in md and "mps_emulated/host = " in md
+    assert "instead of its median: patch_embedding " in md
     for k in found:
         assert f"| {k['kernel']} | {k['grid']} | {k['threadgroup']} |" in md
+    # --update-md: the metal section replaced (or added), every other line kept
+    result = {
+        "machine": doc["machine"],
+        "suites": {"metal": {**doc, "wall_s": 1.0}},
+        "commands": {"metal": "etmetal bench metal --quick"},
+        "command": "etmetal bench all --suites metal --update-md B.md",
+        "started_utc": "later",
+    }
+    old = "# etmetal benchmarks\n\n## Other suite\n\nkept 1.0 us\n"
+    added = bench_report.update(old, result)
+    assert added.startswith(old) and "`etmetal bench metal --quick`" in added
+    assert "--update-md B.md`, run later" in added
+    result["commands"]["metal"] = "etmetal bench metal --second"
+    again = bench_report.update(added + "\n## Later suite\n\nkept 2.0 us\n", result)
+    assert again.count("## Emulated Metal device") == 1 and "--quick" not in again
+    assert "`etmetal bench metal --second`" in again
+    assert again.startswith(old) and again.endswith("## Later suite\n\nkept 2.0 us\n")
 
 
 def test_a_wrong_kernel_result_is_refused_before_timing(monkeypatch, tmp_path):
