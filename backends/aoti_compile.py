@@ -11,6 +11,7 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,7 +23,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import torch
 
 from etmetal.common.cache import ContentCache
 
+from . import input_checks
 from .extern_nodes import PROXY_EXECUTOR_SHIM, dtype_annotated_tables, find_extern_nodes, read_table
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def compile_stats() -> dict[str, int]:
     return {"compiles": _STATS["compiles"], "cache_hits": _STATS["cache_hits"]}
 
 
-@contextmanager
+@contextlib.contextmanager
 def _progress(label: str) -> Iterator[None]:
     """Report that a compile is still running: a tqdm counter of seconds on a terminal,
     else a log line every ``HEARTBEAT_SECONDS`` (silent for fast compiles)."""
@@ -253,17 +254,18 @@ def _artifact(key: str, entry: Path, from_cache: bool) -> AotiArtifact:
 
 
 def _keyed_options(target: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options plus etmetal's own changes to the build, which Inductor never sees."""
+    keyed = dict(options)
     custom = options.get("aot_inductor.custom_ops_to_c_shims")
     if custom:  # operator keys are not JSON: key by their names
-        options = {
-            **options,
-            "aot_inductor.custom_ops_to_c_shims": {str(op): d for op, d in custom.items()},
-        }
-    if target != MPS_EMULATED_TARGET:
-        return options
-    from .mps_emulated_compile import BUILD_RECIPE
+        keyed["aot_inductor.custom_ops_to_c_shims"] = {str(op): d for op, d in custom.items()}
+    if not options.get("aot_inductor.link_libtorch"):
+        keyed["etmetal.input_checks"] = input_checks.RECIPE
+    if target == MPS_EMULATED_TARGET:
+        from .mps_emulated_compile import BUILD_RECIPE
 
-    return {**options, "etmetal.mps_emulated_build": BUILD_RECIPE}
+        keyed["etmetal.mps_emulated_build"] = BUILD_RECIPE
+    return keyed
 
 
 def _compile_into(
@@ -273,10 +275,18 @@ def _compile_into(
     the directory ``entry``."""
     log.info("AOTI compiling %s for %s (takes tens of seconds)", key[:12], target)
     _STATS["compiles"] += 1
+    # etmetal's builds check their inputs on every run, with no environment variable;
+    # torch's own runner builds (link_libtorch, the benchmarks' reference) stay stock
+    checks = (
+        contextlib.nullcontext()
+        if options.get("aot_inductor.link_libtorch")
+        else input_checks.inputs_always_checked()
+    )
     with (
         _progress(f"AOTI compile {key[:12]} ({target})"),
         torch.no_grad(),
         dtype_annotated_tables(),
+        checks,
     ):
         so, blob, cpp, table = _compile_target(ep, target, options, entry / "work")
     shutil.copy2(so, entry / "model.so")

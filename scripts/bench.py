@@ -11,6 +11,10 @@ SUITES = {
         "etmetal.scripts.bench_overhead",
         "ns per shim call; view_copy and gather bandwidth vs a contiguous copy",
     ),
+    "metal": (
+        "etmetal.scripts.bench_metal",
+        "emulated Metal: kernel launch overhead, per-kernel times, emulated/host ratio",
+    ),
     "all": (
         "etmetal.scripts.bench_all",
         "every suite, each in its own process; writes BENCHMARKS.md",

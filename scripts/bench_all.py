@@ -19,12 +19,19 @@ from typing import Any
 
 from etmetal.scripts import benchmarking as bm
 
-SUITES = ("delegate", "runtime", "overhead", "lowering")
+SUITES = ("delegate", "runtime", "overhead", "lowering", "metal")
+# suites that report no targets: the only ones --update-md may replace on their own
+UPDATABLE = ("metal",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites")
     parser.add_argument("--write-md", metavar="PATH", help="write the markdown report here")
+    parser.add_argument(
+        "--update-md",
+        metavar="PATH",
+        help="replace only these suites' sections in an existing report (suites without targets)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write all suites' JSON here ('-' = stdout)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     parser.add_argument("--scale", type=int, default=1, help="divide model sizes (1 = full)")
@@ -41,6 +48,7 @@ def suite_argv(suite: str, args: argparse.Namespace, out: Path) -> list[str]:
             "runtime": ["--repeat", "3", "--budget", "5", "--instructions", "20"],
             "overhead": ["--repeat", "3", "--sizes-mib", "1", "--calls", "2000"],
             "lowering": ["--repeat", "1", "--cached-runs", "2", "--no-pte", "--model", "tiny"],
+            "metal": ["--repeat", "3", "--launches", "20", "--kernel-runs", "3", "--budget", "5"],
         }[suite]
     return argv
 
@@ -78,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    fixed = [s for s in args.suites.split(",") if s and s not in UPDATABLE]
+    if args.update_md and fixed:
+        raise SystemExit(
+            f"bench all --update-md: suites {fixed} report targets; regenerate with --write-md"
+        )
     t0 = time.time()
     result = run_suites(args)
     result["started_utc"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0))
@@ -91,4 +104,10 @@ def run(args: argparse.Namespace) -> int:
 
         Path(args.write_md).write_text(render(result))
         print(f"wrote {args.write_md}")
+    if args.update_md:
+        from etmetal.scripts.bench_report import update
+
+        path = Path(args.update_md)
+        path.write_text(update(path.read_text(), result))
+        print(f"updated {args.update_md}")
     return 0

@@ -113,6 +113,63 @@ def _overhead(rows: list[dict], lines: list[str]) -> None:
                 )
 
 
+def _metal(rows: list[dict], lines: list[str]) -> None:
+    """Launch overhead, each model's Metal kernels, and the emulated/host table."""
+    for r in rows:
+        if r["case"] != "dispatch":
+            continue
+        e, us = r["extra"], r["median_us"]
+        lines += [
+            f"A trivial kernel ({e['threads']} threads, `out[i] = in[i] + 1`) launched "
+            f"{e['launches_per_sample']} times per sample, median per launch:",
+            "",
+            "| launch path | us per launch |",
+            "|---|---|",
+            f"| through the shims from native code, as the Metal wrapper launches "
+            f"({e['shim_calls_per_launch']} shim calls: command block, encoding, 2 tensors, "
+            f"1 int, dispatch) | {us['shims']:.1f} |",
+            f"| the same dispatch straight on the MSL executor | {us['executor']:.1f} |",
+            f"| what the `aoti_torch_mps_*` layer adds | {e['shim_layer_us']:.1f} |",
+            "",
+        ]
+    for r in rows:
+        if not r["case"].startswith("kernels_"):
+            continue
+        e = r["extra"]
+        lines += [
+            f"{e['model']} lowered for `mps_emulated`, each Metal kernel timed per dispatch "
+            f"while the model runs (shim argument check + executor), median of its dispatches:",
+            "",
+            "| kernel | grid | threadgroup | us per dispatch | dispatches per execute | does |",
+            "|---|---|---|---|---|---|",
+        ]
+        for k in e["kernels"]:
+            lines.append(
+                f"| {k['kernel']} | {k['grid']} | {k['threadgroup']} | {k['median_us']:.1f} | "
+                f"{k['dispatches_per_run']:g} | {k['does']} |"
+            )
+        lines += [
+            "",
+            f"Metal kernels: {_us(e['kernel_us_per_execute'])} of a "
+            f"{_us(r['median_us']['execute'])} execute ({100 * e['kernel_share']:.0f}%); the "
+            "rest is the fallbacks (matmul, convolution, attention over ATen), the wrapper and "
+            "the runtime.",
+            "",
+        ]
+    ratio_rows = [
+        r for r in rows if r["case"] != "dispatch" and not r["case"].startswith("kernels_")
+    ]
+    if ratio_rows:
+        lines += [
+            "Demo models lowered for `host` and for `mps_emulated`, both `.pte` run by "
+            "etmetal's runtime, interleaved with eager:",
+            "",
+        ]
+        _ratio_table(ratio_rows, lines)
+        best = ", ".join(f"{r['case']} {r['extra']['best_ratio']:.2f}" for r in ratio_rows)
+        lines += ["", f"The same ratio from each arm's best sample instead of its median: {best}."]
+
+
 def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     """(what, measured, target, met) for every target the suites measured."""
     out = []
@@ -184,40 +241,75 @@ def render(result: dict[str, Any]) -> str:
     ]
     lines += [f"| {w} | {v} | {t} | {_verdict(ok)} |" for w, v, t, ok in targets(result)]
     lines += [""]
-    titles = {
-        "delegate": "Delegate latency: torch's AOTI runner vs etmetal (same generated kernels)",
-        "runtime": "Runtime latency: one non-delegated .pte, stock executorch.runtime vs etmetal.runtime vs eager",
-        "overhead": "Shim-call overhead and copy bandwidth",
-        "lowering": "AOTI lowering time, cold vs cached",
-    }
     for name, doc in result["suites"].items():
-        lines += [
-            f"## {titles.get(name, name)}",
-            "",
-            f"`{result['commands'][name]}` ({doc['wall_s']:.0f} s)",
-            "",
-        ]
-        rows = doc["rows"]
-        if name == "overhead":
-            _overhead(rows, lines)
-        else:
-            _ratio_table(rows, lines)
-            if name == "runtime":
-                _runtime_extra(rows, lines)
-            if name == "delegate":
-                for r in rows:
-                    e = r["extra"]
-                    lines.append("")
-                    overhead = e.get("method_overhead_us")
-                    lines.append(
-                        f"{r['case']}: {e['shim_calls_per_run']} shim calls per run; "
-                        f"etmetal path: {e['delegate_path']}"
-                        + (
-                            f"; the .pte path (edge lowering's graph, the Method's input "
-                            f"checks and output handling) adds {overhead:.1f} us."
-                            if overhead is not None
-                            else "."
-                        )
-                    )
-        lines.append("")
+        lines += _section(name, doc, result["commands"][name])
     return "\n".join(lines).rstrip() + "\n"
+
+
+_TITLES = {
+    "delegate": "Delegate latency: torch's AOTI runner vs etmetal (same generated kernels)",
+    "runtime": "Runtime latency: one non-delegated .pte, stock executorch.runtime vs etmetal.runtime vs eager",
+    "overhead": "Shim-call overhead and copy bandwidth",
+    "lowering": "AOTI lowering time, cold vs cached",
+    "metal": "Emulated Metal device (`mps_emulated`): launch overhead, kernels, emulated/host",
+}
+
+
+def _section(name: str, doc: dict[str, Any], command: str, when: str = "") -> list[str]:
+    """One suite's section: its title, the command that made it, its tables."""
+    lines = [f"## {_TITLES.get(name, name)}", "", f"`{command}` ({doc['wall_s']:.0f} s{when})", ""]
+    rows = doc["rows"]
+    if name == "overhead":
+        _overhead(rows, lines)
+    elif name == "metal":
+        _metal(rows, lines)
+    else:
+        _ratio_table(rows, lines)
+        if name == "runtime":
+            _runtime_extra(rows, lines)
+        if name == "delegate":
+            for r in rows:
+                e = r["extra"]
+                lines.append("")
+                overhead = e.get("method_overhead_us")
+                lines.append(
+                    f"{r['case']}: {e['shim_calls_per_run']} shim calls per run; "
+                    f"etmetal path: {e['delegate_path']}"
+                    + (
+                        f"; the .pte path (edge lowering's graph, the Method's input "
+                        f"checks and output handling) adds {overhead:.1f} us."
+                        if overhead is not None
+                        else "."
+                    )
+                )
+    lines.append("")
+    return lines
+
+
+def update(markdown: str, result: dict[str, Any]) -> str:
+    """``markdown`` (a BENCHMARKS.md) with the sections of the suites in ``result`` replaced
+    (or appended), each saying when it ran and under what load; the other sections keep
+    the numbers of their own run. Suites with targets are refused: the targets table at
+    the top would keep the old values."""
+    with_targets = sorted(
+        {name for name, doc in result["suites"].items() if targets({"suites": {name: doc}})}
+    )
+    if with_targets:
+        raise ValueError(
+            f"suites {with_targets} report targets: regenerate the whole file (--write-md)"
+        )
+    load = result["machine"]["loadavg"]
+    when = f"; `{result['command']}`, run {result['started_utc']}, load average at the end " + (
+        ", ".join(f"{x:.1f}" for x in load) if load else "n/a"
+    )
+    out = markdown.rstrip() + "\n"
+    for name, doc in result["suites"].items():
+        text = "\n".join(_section(name, doc, result["commands"][name], when)).rstrip() + "\n"
+        title = f"## {_TITLES.get(name, name)}\n"
+        at = out.find(title)
+        if at < 0:
+            out += "\n" + text
+            continue
+        nxt = out.find("\n## ", at + len(title))
+        out = out[:at] + text + ("" if nxt < 0 else out[nxt:])
+    return out

@@ -31,9 +31,9 @@ Running a model (what the Metal delegate does)::
 
 ``AotiModel`` builds and loads the trampoline on first use (``load_bridge()``),
 checks that every ``aoti_torch_*`` symbol the ``.so`` needs is exported, and
-raises ``BridgeError`` if a run's shim calls did not reach etmetal. With
-``check_inputs=True`` (default) the ``.so`` validates each input's dtype, sizes,
-strides and device itself. Failures (a shim error, a kernel's bounds check) surface
+raises ``BridgeError`` if a run's shim calls did not reach etmetal. A ``.so``
+compiled by etmetal validates each input's dtype, sizes, strides and device itself
+(compiled in; no environment variable is read or written). Failures (a shim error, a kernel's bounds check) surface
 as ``AotiModelError`` with the model's message and ``last_error()``; a failed run
 leaks no handles and the model stays usable. Runs are serialized by their context's
 run lock; the ``.so``'s OpenMP kernels use torch's intra-op thread count.

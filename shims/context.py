@@ -108,7 +108,6 @@ class ShimContext:
         # Outside runs it is the context's default; a run holds its model's policy.
         self.materialize = "view"
         self.grad_enabled = False
-        self.result_device = DEVICE_CPU  # the device fallback results stand for (fallbacks)
         self.error = ""  # message of the most recent failed shim call
         self.errors = 0
         self.open_models = 0  # models not yet closed; caches are emptied when none are left

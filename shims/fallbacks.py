@@ -9,6 +9,9 @@ hand ATen's result over as an owned storage (no copy).
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from etmetal.common.fallbacks import all_fallback_shims
@@ -45,25 +48,18 @@ def _write_out(ctx, out_handle, expected: tuple[int, ...], dtype: torch.dtype, c
         o.copy_(compute(None))
 
 
-def _ret(ctx, addr, t: torch.Tensor, what: str) -> None:
-    ctx.emit(addr, adopt_result(t, ctx.result_device), what)
+def _ret(ctx, addr, t: torch.Tensor, what: str, device: int) -> None:
+    ctx.emit(addr, adopt_result(t, device), what)
 
 
-def _on_device(device_type: int, fn):
-    """``fn`` with its new results made on ``device_type``: the cpu names make host
-    tensors, the mps names (the emulated Metal device, host memory too) mps tensors."""
-    if device_type == DEVICE_CPU:
-        return fn
-
-    def on_device(ctx, *args):
-        previous, ctx.result_device = ctx.result_device, device_type
-        try:
-            return fn(ctx, *args)
-        finally:
-            ctx.result_device = previous
-
-    on_device.__name__ = fn.__name__
-    return on_device
+def _for_device(fn, device: int):
+    """``fn`` as registered under one C name: an implementation that makes new tensors
+    (keyword ``device``) gets the device its name stands for bound now (the cpu names
+    make host tensors, the mps names mps tensors of the emulated Metal device).
+    ``functools.partial`` adds no Python frame to the call; out-variants need no device."""
+    if "device" in inspect.signature(fn).parameters:
+        return functools.partial(fn, device=device)
+    return fn
 
 
 def _mm_shape(a: torch.Tensor, b: torch.Tensor, op: str) -> tuple[int, int]:
@@ -108,7 +104,7 @@ def bmm_out(ctx, out, self, mat2):
     _write_out(ctx, out, _bmm_shape(a, b, "bmm"), a.dtype, lambda o: torch.bmm(a, b, out=o))
 
 
-def topk(ctx, self, k, dim, largest, sorted, ret0, ret1):
+def topk(ctx, self, k, dim, largest, sorted, ret0, ret1, *, device):
     need_out((ret0, "ret0"), (ret1, "ret1"))
     x = _in(ctx, self, "self")
     if x.dim() and not -x.dim() <= dim < x.dim():
@@ -117,8 +113,8 @@ def topk(ctx, self, k, dim, largest, sorted, ret0, ret1):
     if not 0 <= k <= size:
         raise ShimError(f"topk: k={k} out of range for a dimension of size {size}")
     values, indices = torch.topk(x, k, dim, bool(largest), bool(sorted))
-    _ret(ctx, ret0, values, "ret0")
-    _ret(ctx, ret1, indices, "ret1")
+    _ret(ctx, ret0, values, "ret0", device)
+    _ret(ctx, ret1, indices, "ret1", device)
 
 
 def convolution(
@@ -137,6 +133,8 @@ def convolution(
     output_padding_len,
     groups,
     ret0,
+    *,
+    device,
 ):
     x, w = _in(ctx, input, "input"), _in(ctx, weight, "weight")
     y = aten.convolution(
@@ -150,11 +148,11 @@ def convolution(
         read_i64s(output_padding, output_padding_len, "output_padding"),
         groups,
     )
-    if ctx.result_device == DEVICE_CODES["mps"]:
+    if device == DEVICE_CODES["mps"]:
         # the layout Inductor compiled against (the wrapper asserts it): the fake mps
         # convolution picks it with the Mps backend's rule, ATen's CPU kernels by theirs
         y = y.contiguous(memory_format=_mps_conv_memory_format(x, w))
-    _ret(ctx, ret0, y, "ret0")
+    _ret(ctx, ret0, y, "ret0", device)
 
 
 def _mps_conv_memory_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_format:
@@ -165,10 +163,10 @@ def _mps_conv_memory_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_fo
 
 
 def _adaptive_avg_pool(op):
-    def adaptive_avg_pool(ctx, self, output_size, output_size_len, ret0):
+    def adaptive_avg_pool(ctx, self, output_size, output_size_len, ret0, *, device):
         need_out((ret0, "ret0"))
         y = op(_in(ctx, self, "self"), read_i64s(output_size, output_size_len, "output_size"))
-        _ret(ctx, ret0, y, "ret0")
+        _ret(ctx, ret0, y, "ret0", device)
 
     return adaptive_avg_pool
 
@@ -189,6 +187,8 @@ def _avg_pool(op):
         count_pad,
         divisor,
         ret0,
+        *,
+        device,
     ):
         need_out((ret0, "ret0"))
         divisor = read_opt_i64(divisor)
@@ -203,14 +203,15 @@ def _avg_pool(op):
             bool(count_pad),
             divisor,
         )
-        _ret(ctx, ret0, y, "ret0")
+        _ret(ctx, ret0, y, "ret0", device)
 
     return avg_pool
 
 
 def max_pool2d_with_indices(
-    ctx, self, kernel, kernel_len, stride, stride_len, pad, pad_len, dil, dil_len, ceil, ret0, ret1
-):
+    ctx, self, kernel, kernel_len, stride, stride_len, pad, pad_len, dil, dil_len, ceil, ret0, ret1,
+    *, device,
+):  # fmt: skip
     need_out((ret0, "ret0"), (ret1, "ret1"))
     y, idx = aten.max_pool2d_with_indices(
         _in(ctx, self, "self"),
@@ -220,13 +221,13 @@ def max_pool2d_with_indices(
         read_i64s(dil, dil_len, "dilation"),
         bool(ceil),
     )
-    _ret(ctx, ret0, y, "ret0")
-    _ret(ctx, ret1, idx, "ret1")
+    _ret(ctx, ret0, y, "ret0", device)
+    _ret(ctx, ret1, idx, "ret1", device)
 
 
 def mkldnn_rnn_layer(
     ctx, input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, batch_sizes_len, mode, hidden_size,
-    num_layers, has_biases, bidirectional, batch_first, train, ret0, ret1, ret2, ret3,
+    num_layers, has_biases, bidirectional, batch_first, train, ret0, ret1, ret2, ret3, *, device,
 ):  # fmt: skip
     """One LSTM layer: Inductor's CPU decomposition of ``aten.lstm`` calls oneDNN's."""
     outs = ((ret0, "ret0"), (ret1, "ret1"), (ret2, "ret2"), (ret3, "ret3"))
@@ -252,7 +253,7 @@ def mkldnn_rnn_layer(
         False,
     )
     for (addr, what), t in zip(outs, results):
-        _ret(ctx, addr, t, what)
+        _ret(ctx, addr, t, what, device)
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -264,7 +265,9 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def sdpa_flash_for_cpu(ctx, query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1):
+def sdpa_flash_for_cpu(
+    ctx, query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1, *, device
+):
     need_out((ret0, "ret0"), (ret1, "ret1"))
     q, k, v = _in(ctx, query, "query"), _in(ctx, key, "key"), _in(ctx, value, "value")
     _check_qkv(q, k, v)
@@ -279,16 +282,18 @@ def sdpa_flash_for_cpu(ctx, query, key, value, dropout_p, is_causal, attn_mask, 
         attn_mask=_opt_in(ctx, attn_mask, "attn_mask"),
         scale=read_f64(scale),
     )
-    _ret(ctx, ret0, out, "ret0")
-    _ret(ctx, ret1, lse, "ret1")
+    _ret(ctx, ret0, out, "ret0", device)
+    _ret(ctx, ret1, lse, "ret1", device)
 
 
 def sdpa_math_for_mps(
-    ctx, query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1
-):
+    ctx, query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, ret0, ret1,
+    *, device,
+):  # fmt: skip
     sdpa_math_for_mps_v2(
-        ctx, query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, 0, ret0, ret1
-    )
+        ctx, query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, 0, ret0, ret1,
+        device=device,
+    )  # fmt: skip
 
 
 def sdpa_math_for_mps_v2(
@@ -304,6 +309,8 @@ def sdpa_math_for_mps_v2(
     enable_gqa,
     ret0,
     ret1,
+    *,
+    device,
 ):
     need_out((ret0, "ret0"), (ret1, "ret1"))
     q, k, v = _in(ctx, query, "query"), _in(ctx, key, "key"), _in(ctx, value, "value")
@@ -322,8 +329,8 @@ def sdpa_math_for_mps_v2(
         # upstream derives the group factor from the shapes
         enable_gqa=bool(enable_gqa) or q.shape[1] != k.shape[1],
     )
-    _ret(ctx, ret0, out, "ret0")
-    _ret(ctx, ret1, attn, "ret1")
+    _ret(ctx, ret0, out, "ret0", device)
+    _ret(ctx, ret1, attn, "ret1", device)
 
 
 # one implementation per fallback op, registered under its name on every device whose
@@ -348,4 +355,4 @@ IMPLEMENTATIONS = {
 }
 for _symbol, _op in all_fallback_shims().items():
     _device = DEVICE_CODES["mps"] if _symbol.startswith("aoti_torch_mps_") else DEVICE_CPU
-    shim_as(_symbol, _on_device(_device, IMPLEMENTATIONS[_op]))
+    shim_as(_symbol, _for_device(IMPLEMENTATIONS[_op], _device))

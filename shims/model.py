@@ -61,6 +61,13 @@ def _vector_math_libraries(so_path: Path) -> list[Path]:
     return [lib]
 
 
+def model_link_group(bridge_path: Path, so_path: Path) -> list[Path]:
+    """The objects a model's link wrapper names, in order: the bridge first (its
+    ``aoti_torch_*`` serve the model), then the vector math the ``.so`` calls, then the
+    ``.so`` itself."""
+    return [bridge_path, *_vector_math_libraries(so_path), so_path]
+
+
 def _aligned_blob(
     blob: bytes | bytearray | memoryview | None, host: HostAllocator
 ) -> tuple[int, object]:
@@ -85,9 +92,10 @@ class AotiModel:
     ``device`` is the device the ``.so`` was compiled for: ``"cpu"`` (the ``host`` target)
     or ``"mps"`` (the ``mps_emulated`` target: inputs are lent as ``mps`` tensors and the
     ``.so`` runs its Metal kernels on the emulated device).
-    ``check_inputs`` turns on the ``.so``'s own check of every input's dtype, sizes,
-    strides and device (AOTI_RUNTIME_CHECK_INPUTS, read by the ``.so`` on its first
-    run): a mismatched input is then an error, not an out-of-bounds read.
+    The ``.so``'s own check of every input's dtype, sizes, strides and device is
+    compiled in by etmetal's compile (``etmetal.backends.input_checks``): a mismatched
+    input is an error, not an out-of-bounds read. Nothing here sets
+    ``AOTI_RUNTIME_CHECK_INPUTS``; a ``.so`` built elsewhere reads it as built.
     ``context``: the ``ShimContext`` whose shims serve this model (default: the default
     context); the policy is the model's own, held by the context only while it runs.
     ``extern_nodes``: the extern-node table (JSON) AOTI wrote next to the ``.so``; a
@@ -102,7 +110,6 @@ class AotiModel:
         weights_blob: bytes | bytearray | memoryview | None = None,
         *,
         materialize: str = "view",
-        check_inputs: bool = True,
         context: ShimContext | None = None,
         device: str = "cpu",
         extern_nodes: str | bytes | bytearray | memoryview | None = None,
@@ -113,7 +120,6 @@ class AotiModel:
         self._device_type = DEVICES[device]
         self.so_path = Path(so_path)
         self.materialize = check_materialize(materialize)
-        self.check_inputs = check_inputs
         self.context = ctx = context or default_context()
         self._container = None
         self._lib = None
@@ -142,9 +148,7 @@ class AotiModel:
         try:
             # the wrapper groups bridge + model in one local scope: the model's shims bind
             # to the bridge without either entering the process-wide scope
-            self.wrapper_path = link_wrapper(
-                [self._bridge.path, *_vector_math_libraries(self.so_path), self.so_path]
-            )
+            self.wrapper_path = link_wrapper(model_link_group(self._bridge.path, self.so_path))
         except NativeBuildError as exc:
             raise AotiModelError(f"linking a loader for {self.so_path} failed: {exc}") from exc
         try:
@@ -200,8 +204,8 @@ class AotiModel:
             fn.argtypes, fn.restype = argtypes, ctypes.c_int32
         self._run_fn = lib.AOTInductorModelContainerRun
         self._steady: SteadyRun | None = None
-        self._ready: SteadyRun | None = None  # the steady run, once the first run is done
-        # (None before it: the first run reads AOTI_RUNTIME_CHECK_INPUTS)
+        # the steady run, once the first run is done (it learns the outputs' geometry)
+        self._ready: SteadyRun | None = None
 
     def _check(self, rc: int, step: str) -> None:
         if rc == 0:
@@ -319,22 +323,6 @@ class AotiModel:
             raise
         return handles
 
-    def _first_run_call(self, in_arr, n_in: int, out_arr) -> int:
-        """The ``.so`` reads AOTI_RUNTIME_CHECK_INPUTS once, on its first run: set it for that."""
-        key = "AOTI_RUNTIME_CHECK_INPUTS"
-        saved = os.environ.get(key)
-        os.environ[key] = "1" if self.check_inputs else "0"
-        try:
-            return self._run_fn(
-                self._container, in_arr, n_in, out_arr, self.num_outputs, None, self._proxy
-            )
-        finally:
-            self._ready = self._steady  # from now on the steady run serves
-            if saved is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = saved
-
     def _take_output(self, handle: int, i: int) -> torch.Tensor:
         """The output as a torch tensor: adopted when it owns its storage alone, else copied.
 
@@ -446,12 +434,10 @@ class AotiModel:
             out_arr[i] = None
         calls = self._bridge.counter
         before = calls.value
-        if self._ready is None:  # the first run
-            rc = self._first_run_call(in_arr, len(handles), out_arr)
-        else:
-            rc = self._run_fn(
-                self._container, in_arr, len(handles), out_arr, self.num_outputs, None, self._proxy
-            )
+        rc = self._run_fn(
+            self._container, in_arr, len(handles), out_arr, self.num_outputs, None, self._proxy
+        )
+        self._ready = self._steady  # from now on the steady run serves
         produced = out_arr[: self.num_outputs]
         # inputs are stolen by the container; release any it left behind (e.g. on failure)
         for h in handles:

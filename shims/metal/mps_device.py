@@ -15,6 +15,7 @@ memory exist, as on a Mac:
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import itertools
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ class Function:
     library: int
     name: str
     kernel: object  # msl.MslFunction
+    # the buffer indices the kernel takes: a dispatch must bind exactly these (checked
+    # against this set, made once, on every dispatch)
+    indices: frozenset[int] = frozenset()
     encoding: bool = False
     args: dict[int, int] = field(default_factory=dict)  # buffer index -> address
     what: dict[int, str] = field(default_factory=dict)  # buffer index -> description
@@ -76,6 +80,8 @@ class MpsState:
 
     # contents pointer -> buffer, as upstream's ptr_to_mtl_buffer
     buffers: dict[int, RawBuffer] = field(default_factory=dict)
+    # their contents pointers, sorted: a copy finds its buffer by bisection
+    starts: list[int] = field(default_factory=list)
     libraries: dict[int, Library] = field(default_factory=dict)
     functions: dict[int, Function] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"dispatches": 0, "libraries_created": 0})
@@ -126,8 +132,12 @@ def take_unchecked_error(ctx) -> str:
 
 def _buffer_span(ctx, ptr: int, nbytes: int, what: str) -> RawBuffer:
     """The malloc'd buffer holding ``[ptr, ptr + nbytes)``; an error naming ``what`` if none."""
-    for buf in mps_state(ctx).buffers.values():
-        if buf.ptr <= ptr and ptr + nbytes <= buf.ptr + buf.nbytes:
+    st = mps_state(ctx)
+    # live buffers never overlap: only the one starting last at or before ptr can hold it
+    i = bisect.bisect_right(st.starts, ptr) - 1
+    if i >= 0:
+        buf = st.buffers[st.starts[i]]
+        if ptr + nbytes <= buf.ptr + buf.nbytes:
             return buf
     raise ShimError(
         f"{what}: bytes [{ptr:#x}, +{nbytes}) are not inside a buffer from "
@@ -151,7 +161,9 @@ def aoti_torch_mps_malloc(ctx, buffer, num_bytes):
         return
     memory = ctx.allocator(DEVICE_MPS).allocate(num_bytes)
     ptr = memory.data_ptr()
-    mps_state(ctx).buffers[ptr] = RawBuffer(ptr, num_bytes, memory)
+    st = mps_state(ctx)
+    st.buffers[ptr] = RawBuffer(ptr, num_bytes, memory)
+    bisect.insort(st.starts, ptr)
     put_ptr(buffer, ptr, "buffer")
 
 
@@ -159,11 +171,13 @@ def aoti_torch_mps_malloc(ctx, buffer, num_bytes):
 def aoti_torch_mps_free(ctx, ptr):
     if not ptr:
         return  # freeing NULL is a no-op, as upstream
-    if mps_state(ctx).buffers.pop(ptr, None) is None:
+    st = mps_state(ctx)
+    if st.buffers.pop(ptr, None) is None:
         raise ShimError(
             f"pointer {ptr:#x} is not a live buffer from aoti_torch_mps_malloc "
             "(double free or foreign memory)"
         )
+    del st.starts[bisect.bisect_left(st.starts, ptr)]
 
 
 @shim

@@ -141,7 +141,8 @@ def aoti_torch_mps_get_kernel_function(ctx, library_handle, kernel_name, functio
                 f"kernel {name!r} is not in the shader library (its kernels: {known}): {exc}"
             ) from None
         handle = _FN_BASE + (st.next_id() << 4)
-        st.functions[handle] = Function(handle, library_handle, name, kernel)
+        indices = frozenset(getattr(kernel, "buffer_indices", ()))
+        st.functions[handle] = Function(handle, library_handle, name, kernel, indices)
         lib.functions[name] = handle
     put_ptr(function_handle, handle, "function_handle")
 
@@ -236,16 +237,8 @@ def _dispatch(ctx, fn: Function, threads: tuple[int, ...], group: tuple[int, ...
             f"kernel {fn.name!r}: threadgroup of {total} threads exceeds the pipeline's "
             f"{_limit(fn)}"
         )
-    wanted = set(getattr(fn.kernel, "buffer_indices", ()))
-    given = set(fn.args)
-    missing, extra = sorted(wanted - given), sorted(given - wanted)
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing buffer index(es) {missing}")
-        if extra:
-            parts.append(f"extra argument index(es) {extra} the kernel does not take")
-        raise ShimError(f"kernel {fn.name!r}: {'; '.join(parts)}")
+    if fn.args.keys() != fn.indices:
+        _refuse_arguments(fn)
     fn.encoding = False  # upstream drops the encoder after a dispatch
     if 0 in threads:
         return  # an empty grid runs no thread
@@ -255,6 +248,19 @@ def _dispatch(ctx, fn: Function, threads: tuple[int, ...], group: tuple[int, ...
     except msl.MslError as exc:
         raise ShimError(f"kernel {fn.name!r}: {exc}") from None
     mps_state(ctx).stats["dispatches"] += 1
+
+
+def _refuse_arguments(fn: Function) -> None:
+    """The error for a dispatch whose bound buffer indices are not the kernel's."""
+    given = set(fn.args)
+    missing, extra = sorted(fn.indices - given), sorted(given - fn.indices)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing buffer index(es) {missing}")
+        if extra:
+            parts.append(f"extra argument index(es) {extra} the kernel does not take")
+        raise ShimError(f"kernel {fn.name!r}: {'; '.join(parts)}")
 
 
 @_reporting

@@ -146,6 +146,32 @@ def test_malloc_memcpy_copy_buffer_free(lib):
     assert lib.aoti_torch_mps_free(None) == 0
 
 
+def test_copies_find_their_buffer_among_many_and_never_span_two(lib):
+    bufs = [ctypes.c_void_p() for _ in range(6)]
+    for i, b in enumerate(bufs):
+        assert lib.aoti_torch_mps_malloc(ctypes.byref(b), 32 * (i + 1)) == 0
+    blob = bytes(range(256))
+    src = ctypes.create_string_buffer(blob, len(blob))
+    # free two in the middle: the others are still found, the freed ones are not
+    for b in (bufs[2], bufs[4]):
+        assert lib.aoti_torch_mps_free(b) == 0
+    for i, b in enumerate(bufs):
+        size = 32 * (i + 1)
+        rc = lib.aoti_torch_mps_memcpy(b, size - 16, i, 16, src)  # the last 16 bytes
+        if i in (2, 4):
+            assert rc == 1 and "not inside a buffer" in last_error()
+        else:
+            assert rc == 0, last_error()
+            assert ctypes.string_at(b.value + size - 16, 16) == blob[i : i + 16]
+            assert lib.aoti_torch_mps_memcpy(b, size - 8, 0, 16, src) == 1  # 8 bytes past
+    # a pointer just before the lowest buffer belongs to none
+    lowest = min(b.value for i, b in enumerate(bufs) if i not in (2, 4))
+    assert lib.aoti_torch_mps_copy_buffer(src, lowest - 8, 8, 0, 0) == 1
+    for i, b in enumerate(bufs):
+        if i not in (2, 4):
+            assert lib.aoti_torch_mps_free(b) == 0
+
+
 def test_kernel_arguments_reach_the_executor_as_upstream_binds_them(lib, fake_msl):
     library = _library(lib, "// kernel k 0 1 2\n")
     fn = _function(lib, library, "k")

@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from etmetal.examples.demo import DEMO_MODELS
 from etmetal.scripts import quiet
 
 # a Python warning ("...Warning: ..."), torch's glog-style log lines ("W1130 12:00:00...")
@@ -33,6 +34,22 @@ def test_demo_prints_no_warning_line(tmp_path):
     assert "== patch_embedding" in proc.stdout
     assert re.search(r"patch_embedding\s+OK", proc.stdout)
     assert "etmetal: 4/4 exact" in proc.stdout
+
+
+def test_demo_on_the_emulated_metal_target_runs_every_model_quietly(tmp_path):
+    # every demo model lowered with Inductor's real Metal code, run on the emulated device
+    cmd = [sys.executable, "-m", "etmetal.scripts", "demo", "--target", "mps_emulated"]
+    cmd += ["--runs", "2", "--no-view-copy", "--out-dir", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert [line for line in output.splitlines() if WARNING_LINE.search(line)] == []
+    for model in DEMO_MODELS:
+        assert f"== {model.name}" in proc.stdout
+        assert re.search(rf"{model.name}\s+OK", proc.stdout)  # matched eager
+    assert proc.stdout.count("lowered for target mps_emulated") == len(DEMO_MODELS)
+    assert proc.stdout.count("(target mps_emulated): 1 delegate") == len(DEMO_MODELS)
 
 
 def _warn_from(filename: str):
