@@ -142,7 +142,7 @@ class AotiModel:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
         self._bind_api()
-        ctx.model_opened()
+        ctx.model_opened(self)
         self._counted = True
         with ctx.run_lock:
             previous, ctx.materialize = ctx.materialize, self.materialize
@@ -462,7 +462,7 @@ class AotiModel:
         self._blob_ptr = 0
         if getattr(self, "_counted", False):
             self._counted = False
-            self.context.model_closed()
+            self.context.model_closed(self)
 
     def __enter__(self) -> AotiModel:
         return self
