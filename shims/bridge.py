@@ -43,9 +43,14 @@ CHECK_SHIM = "aoti_torch_check"
 
 
 def _unbind_at_exit(bridge_ref: weakref.ref) -> None:
+    """Delete the context's open model containers while the shims still reach Python (a
+    user need not destroy methods before exiting), then unbind them."""
     bridge = bridge_ref()
     if bridge is not None:
-        bridge.unbind()
+        try:
+            bridge.context.close_models()
+        finally:
+            bridge.unbind()
 
 
 class BridgeError(RuntimeError):
@@ -107,6 +112,11 @@ def _native_path(decl: abi.Decl) -> str:
     )
 
 
+def _releases(name: str) -> bool:
+    """A shim that gives something back (a tensor, a buffer, a shader library)."""
+    return any(word in name for word in ("delete", "free", "release", "destroy"))
+
+
 def _forwarder(decl: abi.Decl) -> str:
     n = decl.name
     call = f"f({', '.join(f'a{i}' for i in range(len(decl.argtypes)))})"
@@ -114,7 +124,10 @@ def _forwarder(decl: abi.Decl) -> str:
     if decl.restype == "void":
         unbound, body = "return;", f"{call};"
     else:
-        fail = "1" if decl.returns_error else "0"
+        # unbound means the process is exiting: a release then succeeds without freeing
+        # (the process's memory goes with it), since AOTI throws on a failed delete inside
+        # destructors, where a throw is std::terminate
+        fail = "1" if decl.returns_error and not _releases(n) else "0"
         unbound, body = f"return ({decl.restype}){fail};", f"return {call};"
     return (
         f"typedef {decl.restype} (*etm_fn_{n})({ftype});\n"

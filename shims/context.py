@@ -111,6 +111,9 @@ class ShimContext:
         self.error = ""  # message of the most recent failed shim call
         self.errors = 0
         self.open_models = 0  # models not yet closed; caches are emptied when none are left
+        # the open models themselves (weakly: a dropped model closes in its finalizer),
+        # so the exit hook can delete their containers while the shims still answer
+        self._open_model_set: weakref.WeakSet = weakref.WeakSet()
         self.bridge: Bridge | None = None
         self.records: Records | None = None
         self.native: native_tensors.NativeTensors | None = None
@@ -191,18 +194,43 @@ class ShimContext:
         plain = self.host.fill_byte is None and self.allocators.get(DEVICE_CPU) is self.host
         native.set_limit(native_tensors.NATIVE_LIMIT if plain else 0)
 
-    def model_opened(self) -> None:
+    def model_opened(self, model: object | None = None) -> None:
+        """``model`` (anything with ``close()``) is closed by ``close_models`` if still open."""
         self.open_models += 1
+        if model is not None:
+            self._open_model_set.add(model)
         if self.native is not None:
             self.native.set_caching(True)
 
-    def model_closed(self) -> None:
+    def model_closed(self, model: object | None = None) -> None:
         """The last open model of this context empties its host and native caches."""
+        self._open_model_set.discard(model)
         self.open_models -= 1
         if self.open_models == 0:
             self.host.empty_cache()
             if self.native is not None:
                 self.native.set_caching(False)
+
+    def close_models(self, timeout: float = 5.0) -> int:
+        """Close every model still open (the exit hook: their containers must be deleted
+        while the shims are bound, not by finalizers after). Returns how many it closed.
+
+        A run still going on another thread (a daemon thread at exit) holds the run lock;
+        after ``timeout`` seconds the models are left open rather than hang the exit (the
+        trampoline then answers their later deletes in C)."""
+        if not self.run_lock.acquire(timeout=timeout):
+            return 0
+        closed = 0
+        try:
+            for model in list(self._open_model_set):
+                try:
+                    model.close()
+                    closed += 1
+                except Exception:  # noqa: BLE001 - one failing model must not keep the others
+                    self._open_model_set.discard(model)
+        finally:
+            self.run_lock.release()
+        return closed
 
     # --- errors and policy ------------------------------------------------------------------
 

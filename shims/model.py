@@ -169,7 +169,7 @@ class AotiModel:
             self.proxy_executor = None
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
         self._bind_api()
-        ctx.model_opened()
+        ctx.model_opened(self)
         self._counted = True
         with ctx.run_lock:
             previous, ctx.materialize = ctx.materialize, self.materialize
@@ -475,7 +475,7 @@ class AotiModel:
             self._proxy = None
         if getattr(self, "_counted", False):
             self._counted = False
-            self.context.model_closed()
+            self.context.model_closed(self)
 
     def __enter__(self) -> AotiModel:
         return self

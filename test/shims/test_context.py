@@ -323,3 +323,32 @@ def test_using_the_shims_changes_no_module_level_state(chunk_cat, other):
         assert lib.aoti_torch_delete_tensor_object(h) == 0
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     assert not changed, f"module-level state changed: {changed}"
+
+
+def test_exit_hook_closes_open_models_then_releases_succeed_in_c(chunk_cat, tmp_path):
+    """At exit the context's open models are deleted while the shims still reach Python;
+    after that, a release the trampoline cannot forward succeeds (AOTI throws on a failed
+    delete in a destructor) and any other unbound shim still fails."""
+    import weakref
+
+    from etmetal.shims.bridge import _unbind_at_exit
+
+    expected, x, so_path, _, weights = chunk_cat
+    ctx = ShimContext()
+    own = tmp_path / so_path.name  # a model file binds to the first context loading it
+    shutil.copy2(so_path, own)
+    model = AotiModel(own, weights, context=ctx)  # left open, as by a user's script
+    torch.testing.assert_close(model.run([x])[0], expected)
+    assert ctx.open_models == 1
+    lib = c_api(ctx)
+    assert lib.aoti_torch_delete_tensor_object(None) == 1  # bound: NULL is no tensor
+
+    _unbind_at_exit(weakref.ref(ctx.load_bridge()))
+    assert ctx.open_models == 0
+    assert ctx.memory_stats().live() == (0, 0, 0)  # the container's tensors were deleted
+    with pytest.raises(RuntimeError, match="closed"):
+        model.run([x])
+    errors = ctx.errors
+    assert lib.aoti_torch_delete_tensor_object(None) == 0  # unbound release: success
+    assert lib.aoti_torch_get_dim(None, ctypes.byref(ctypes.c_int64())) == 1  # still fails
+    assert ctx.errors == errors  # neither reached Python
