@@ -31,8 +31,8 @@ def _in(ctx, handle, what: str) -> torch.Tensor:
     return ctx.lookup(handle, what).torch()
 
 
-def _ret(ctx, addr, t: torch.Tensor, what: str) -> None:
-    ctx.emit(addr, adopt_result(t, ctx.result_device), what)
+def _ret(ctx, addr, t: torch.Tensor, what: str, device: int) -> None:
+    ctx.emit(addr, adopt_result(t, device), what)
 
 
 def _metal_op(name: str):
@@ -53,17 +53,17 @@ def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
-def linear_fp_act_4bit_weight(ctx, a, b, group_size, s, z, ret):
+def linear_fp_act_4bit_weight(ctx, a, b, group_size, s, z, ret, *, device: int):
     need_out((ret, "ret"))
     args = (_in(ctx, a, "A"), _in(ctx, b, "B"), group_size, _in(ctx, s, "S"), _in(ctx, z, "Z"))
     try:
         y = lowbit.linear(*args, 4)
     except ValueError as exc:
         raise ShimError(str(exc)) from exc
-    _ret(ctx, ret, y, "ret")
+    _ret(ctx, ret, y, "ret", device)
 
 
-def gather_qmv(ctx, x, w, s, z, expert_indices, group_size, ret):
+def gather_qmv(ctx, x, w, s, z, expert_indices, group_size, ret, *, device: int):
     op = "metal::gather_qmv"
     need_out((ret, "ret"))
     xt, wt = _in(ctx, x, "X"), _in(ctx, w, "W")
@@ -87,10 +87,10 @@ def gather_qmv(ctx, x, w, s, z, expert_indices, group_size, ret):
     if p:
         low, high = int(idx.min()), int(idx.max())
         _require(low >= 0 and high < e, op, f"expert index out of range [0, {e}): {low}..{high}")
-    _ret(ctx, ret, _metal_op("gather_qmv")(xt, wt, st, zt, idx, group_size), "ret")
+    _ret(ctx, ret, _metal_op("gather_qmv")(xt, wt, st, zt, idx, group_size), "ret", device)
 
 
-def gated_delta_rule(ctx, q, k, v, g, beta, state, ret_y):
+def gated_delta_rule(ctx, q, k, v, g, beta, state, ret_y, *, device: int):
     op = "metal::gated_delta_rule"
     need_out((ret_y, "retY"))
     qt, kt, vt = _in(ctx, q, "Q"), _in(ctx, k, "K"), _in(ctx, v, "V")
@@ -107,7 +107,7 @@ def gated_delta_rule(ctx, q, k, v, g, beta, state, ret_y):
         _require(t.is_floating_point(), op, f"{name} must be floating point, got {t.dtype}")
     # the reference writes the final state into ``st``, a view of StateIn's storage
     y = _metal_op("gated_delta_rule")(qt, kt, vt, gt, bt, st)
-    _ret(ctx, ret_y, y, "retY")
+    _ret(ctx, ret_y, y, "retY", device)
 
 
 # op name (as in etmetal.common.fallbacks) -> implementation
