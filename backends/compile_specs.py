@@ -3,7 +3,10 @@
 ``CompileSpec(key, value: bytes)`` is exir's only way to hand options from the
 partitioner to ``preprocess`` (and they are stored in the ``.pte``). Keys:
 ``target`` (``host``/``mps``/``mps_emulated``, written by the partitioner), ``method_name``
-(upstream's key, used in messages) and ``codesign_identity`` (macOS only).
+(upstream's key, used in messages), ``codesign_identity`` (macOS only), ``share_weights``
+(``1``/``0``: store each constant once across methods; default on for the targets
+etmetal's runtime runs) and ``share_mutable_buffers`` (``1``: methods share one copy of
+each mutable buffer with the same name; default off).
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from .targets import CODESIGN_SPEC_KEY, METHOD_NAME_SPEC_KEY, TARGET_SPEC_KEY, check_target
 
-KNOWN_KEYS = (TARGET_SPEC_KEY, METHOD_NAME_SPEC_KEY, CODESIGN_SPEC_KEY)
+SHARE_WEIGHTS_KEY = "share_weights"
+SHARE_MUTABLE_BUFFERS_KEY = "share_mutable_buffers"
+KNOWN_KEYS = (
+    TARGET_SPEC_KEY,
+    METHOD_NAME_SPEC_KEY,
+    CODESIGN_SPEC_KEY,
+    SHARE_WEIGHTS_KEY,
+    SHARE_MUTABLE_BUFFERS_KEY,
+)
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 
 
 @dataclass(frozen=True)
@@ -23,6 +35,8 @@ class MetalCompileOptions:
     target: str | None = None
     method_name: str | None = None
     codesign_identity: str | None = None
+    share_weights: bool | None = None  # None: the target's default
+    share_mutable_buffers: bool = False
 
 
 def check_compile_specs(compile_specs: object) -> list[CompileSpec]:
@@ -72,7 +86,18 @@ def parse_compile_specs(compile_specs: object) -> MetalCompileOptions:
         target=target,
         method_name=values.get(METHOD_NAME_SPEC_KEY),
         codesign_identity=values.get(CODESIGN_SPEC_KEY),
+        share_weights=_flag(values, SHARE_WEIGHTS_KEY),
+        share_mutable_buffers=bool(_flag(values, SHARE_MUTABLE_BUFFERS_KEY)),
     )
+
+
+def _flag(values: dict[str, str], key: str) -> bool | None:
+    if key not in values:
+        return None
+    flag = _FLAGS.get(values[key].strip().lower())
+    if flag is None:
+        raise ValueError(f"compile spec {key!r} must be b'1' or b'0', got {values[key]!r}")
+    return flag
 
 
 def with_target(compile_specs: list[CompileSpec], target: str) -> list[CompileSpec]:

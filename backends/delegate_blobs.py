@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from executorch.exir._serialize._named_data_store import NamedDataStore, NamedDataStoreOutput
 
-from etmetal.common.delegate_blobs import SO_SUFFIX, WEIGHTS_SUFFIX, blob_key, format_processed
+from etmetal.common.delegate_blobs import (
+    INDEX_SUFFIX,
+    SO_SUFFIX,
+    WEIGHTS_SUFFIX,
+    blob_key,
+    format_processed,
+)
+from etmetal.common.weights_index import encode_index
+
+from .weights_split import SplitWeights
 
 ALIGNMENT = 1
+# a shared constant is lent to the .so in place; AOTI aligns its own constants to 64
+WEIGHT_ALIGNMENT = 64
 
 
 def pack_delegate_blobs(
@@ -23,3 +34,18 @@ def pack_delegate_blobs(
     store.add_named_data(so_key, so_bytes, ALIGNMENT, None)
     store.add_named_data(weights_key, weights_bytes, ALIGNMENT, None)
     return format_processed(so_key, weights_key), store.get_named_data_store_output()
+
+
+def pack_shared_weights(so_bytes: bytes, split: SplitWeights) -> tuple[bytes, NamedDataStoreOutput]:
+    """Processed bytes and named data for one partition in the shared-weights layout:
+    the ``.so``, an index, and one entry per constant (equal keys across methods are
+    stored once when exir merges the methods' named data)."""
+    so_key = blob_key(so_bytes, SO_SUFFIX)
+    index = encode_index(split.entries)
+    index_key = blob_key(index, INDEX_SUFFIX)
+    store = NamedDataStore()
+    store.add_named_data(so_key, so_bytes, ALIGNMENT, None)
+    store.add_named_data(index_key, index, ALIGNMENT, None)
+    for key, piece in split.pieces.items():
+        store.add_named_data(key, piece, WEIGHT_ALIGNMENT, None)
+    return format_processed(so_key, index_key), store.get_named_data_store_output()

@@ -32,13 +32,14 @@ from torch.export import ExportedProgram
 from .aoti_compile import compile_exported_program
 from .codesign import codesign
 from .compile_specs import parse_compile_specs
-from .delegate_blobs import pack_delegate_blobs
+from .delegate_blobs import pack_delegate_blobs, pack_shared_weights
 from .mps_abi import MPS_RUNTIME_ABI
 from .passes.dim_order_to_aten import rewrite_dim_order_ops
 from .passes.inline_scalar_constants import inline_scalar_constants
 from .passes.replace_view_copy_with_view import ReplaceViewCopyWithView
 from .supported_ops import SUPPORTED_FALLBACKS
 from .targets import HOST, MPS, MPS_EMULATED, resolve_target
+from .weights_split import split_weights
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,20 @@ def prepare_for_aoti(ep: ExportedProgram, target: str) -> ExportedProgram:
     return ep
 
 
+def _shares_weights(requested: bool | None, target: str, where: str) -> bool:
+    """Whether to store constants one by one: on by default for ``host`` (only etmetal's
+    runtime runs it); the Metal targets keep upstream's one-blob layout, which
+    ExecuTorch's Metal runtime reads (their constants live on the device)."""
+    if requested is None:
+        return target == HOST
+    if requested and target != HOST:
+        raise ValueError(
+            f"Metal {where}: share_weights is implemented for target 'host' only, not "
+            f"{target!r}; drop the compile spec or lower for 'host'"
+        )
+    return requested
+
+
 def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
     options = parse_compile_specs(compile_specs)
     # a partition lowered without the partitioner (to_backend("MetalBackend", ...)) picks
@@ -136,14 +151,25 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
             shutil.copy2(artifact.so_path, signed)  # never sign the shared cache entry
             if codesign(signed, options.codesign_identity):
                 so_bytes = signed.read_bytes()
-    processed, named_data = pack_delegate_blobs(so_bytes, artifact.weights_bytes())
+    weights = artifact.weights_bytes()
+    split = None
+    if _shares_weights(options.share_weights, target, where) and weights:
+        cpp = artifact.wrapper_cpp_path
+        mutated = set(ep.graph_signature.buffers_to_mutate.values())
+        if cpp is not None:
+            split = split_weights(cpp.read_text(), weights, mutated, options.share_mutable_buffers)
+    if split is not None:
+        processed, named_data = pack_shared_weights(so_bytes, split)
+    else:
+        processed, named_data = pack_delegate_blobs(so_bytes, weights)
     log.info(
-        "Metal %s compiled for %s (%s): .so %d bytes, weights %d bytes",
+        "Metal %s compiled for %s (%s): .so %d bytes, weights %d bytes (%s)",
         where,
         target,
         "cache hit" if artifact.from_cache else "compiled",
         len(so_bytes),
-        len(artifact.weights_bytes()),
+        len(weights),
+        f"{len(split.entries)} shared constants" if split is not None else "one blob",
     )
     return PreprocessResult(
         processed_bytes=processed, debug_handle_map={}, data_store_output=named_data

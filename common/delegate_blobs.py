@@ -14,7 +14,8 @@ import hashlib
 
 SO_SUFFIX = "_so_blob"
 WEIGHTS_SUFFIX = "_weights_blob"
-PROCESSED_FORMAT = f"<sha256>{SO_SUFFIX}\\n<sha256>{WEIGHTS_SUFFIX}"
+INDEX_SUFFIX = "_weights_index"
+PROCESSED_FORMAT = f"<sha256>{SO_SUFFIX}\\n<sha256>{WEIGHTS_SUFFIX} (or {INDEX_SUFFIX})"
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -25,8 +26,9 @@ def blob_key(data: bytes | memoryview, suffix: str) -> str:
 
 def key_digest(key: str) -> str:
     """The hex sha256 a blob key starts with ("" if the key has none)."""
-    head = key.rsplit("_", 2)[0]
-    return head if len(head) == 64 and set(head) <= _HEX else ""
+    head = key[:64]
+    ok = len(key) > 64 and key[64] == "_" and set(head) <= _HEX
+    return head if ok else ""
 
 
 def format_processed(so_key: str, weights_key: str) -> bytes:
@@ -43,7 +45,7 @@ def parse_processed(processed: bytes | memoryview) -> tuple[str, str]:
     if (
         len(lines) != 2
         or not lines[0].endswith(SO_SUFFIX)
-        or not lines[1].endswith(WEIGHTS_SUFFIX)
+        or not lines[1].endswith((WEIGHTS_SUFFIX, INDEX_SUFFIX))
         or not all(key_digest(k) for k in lines)
     ):
         raise ValueError(

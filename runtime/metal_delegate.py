@@ -42,6 +42,7 @@ from .backend_interface import BackendExecutor, BackendInitContext
 from .delegates import register_delegate
 from .errors import DelegateError, IntegrityError, InvalidProgramError, UntrustedNativeCodeError
 from .layout import resize_in_dim_order
+from .shared_weights import load_constants, read_index
 from .tempfiles import private_dir, track, write_private_file
 from .tempfiles import remove as remove_private_dir
 
@@ -131,6 +132,7 @@ class MetalDelegate(BackendExecutor):
         self._dir = directory
         self._where = where
         self._weights = weights  # constants borrow these bytes until destroy
+        self._constants = model.constants  # shared constants lent to the .so, idem
         self.num_inputs: int = model.num_inputs
         self.num_outputs: int = model.num_outputs
         self.so_digest = ""
@@ -157,6 +159,13 @@ class MetalDelegate(BackendExecutor):
         weights = _named_blob(context, weights_key, where)
         _check_integrity(so, so_key, ".so", where)
         _check_integrity(weights, weights_key, "weights", where)
+        constants = None
+        if weights_key.endswith(blob_format.INDEX_SUFFIX):  # the shared-weights layout
+            entries = read_index(weights, where)
+            constants = load_constants(
+                entries, lambda k: _named_blob(context, k, where), context.program_cache, where
+            )
+            weights = memoryview(b"")
         digest = key_digest(so_key)
         if not is_trusted(context, digest):
             raise UntrustedNativeCodeError(
@@ -175,6 +184,7 @@ class MetalDelegate(BackendExecutor):
                 so_path,
                 weights if len(weights) else None,
                 device=TARGET_DEVICES.get(target or "host", "cpu"),
+                constants=constants,
             )
         except BaseException as exc:
             remove_private_dir(directory)
@@ -256,6 +266,7 @@ class MetalDelegate(BackendExecutor):
                 model.close()
         finally:
             self._weights = None
+            self._constants = None
             if self._dir is not None:
                 remove_private_dir(self._dir)
                 self._dir = None
