@@ -4,8 +4,7 @@
 partitioner to ``preprocess`` (and they are stored in the ``.pte``). Keys:
 ``target`` (``host``/``mps``/``mps_emulated``, written by the partitioner), ``method_name``
 (upstream's key, used in messages), ``codesign_identity`` (macOS only), ``share_weights``
-(``1``/``0``: store each constant once across methods; default on for the targets
-etmetal's runtime runs) and ``share_mutable_buffers`` (``1``: methods share one copy of
+(``1``: store each constant once across methods, ``host`` only; default off) and ``share_mutable_buffers`` (``1``: methods share one copy of
 each mutable buffer with the same name; default off).
 """
 
@@ -35,7 +34,7 @@ class MetalCompileOptions:
     target: str | None = None
     method_name: str | None = None
     codesign_identity: str | None = None
-    share_weights: bool | None = None  # None: the target's default
+    share_weights: bool | None = None  # None: not asked (off)
     share_mutable_buffers: bool = False
 
 

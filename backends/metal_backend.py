@@ -115,17 +115,15 @@ def prepare_for_aoti(ep: ExportedProgram, target: str) -> ExportedProgram:
 
 
 def _shares_weights(requested: bool | None, target: str, where: str) -> bool:
-    """Whether to store constants one by one: on by default for ``host`` (only etmetal's
-    runtime runs it); the Metal targets keep upstream's one-blob layout, which
-    ExecuTorch's Metal runtime reads (their constants live on the device)."""
-    if requested is None:
-        return target == HOST
+    """Whether to store constants one by one (compile spec ``share_weights``; off unless
+    asked). Only ``host`` supports it: the Metal targets keep upstream's one-blob layout,
+    which ExecuTorch's Metal runtime reads (their constants live on the device)."""
     if requested and target != HOST:
         raise ValueError(
             f"Metal {where}: share_weights is implemented for target 'host' only, not "
             f"{target!r}; drop the compile spec or lower for 'host'"
         )
-    return requested
+    return bool(requested)
 
 
 def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:

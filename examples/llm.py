@@ -10,8 +10,8 @@ exported methods mutate buffers and the Metal partitioner moves them into the de
   own KV cache, so running ``decode`` after ``prefill`` sees the prompt only when the
   program shares mutable buffers across methods (``share_mutable_buffers``).
 - :class:`SpeechEncoderDecoder` exports as ``encoder`` (features -> embeddings),
-  ``token_embedding`` and ``text_decoder`` (embeddings of any length -> logits), the
-  method split of upstream's Voxtral/Whisper recipes.
+  ``token_embedding``, and the text decoder as ``prefill`` (embeddings of any length) and
+  ``decode`` (one embedding), after the method split of upstream's Voxtral recipe.
 
 Sizes come from :class:`LMConfig`: :data:`TINY` for tests, :data:`BENCH_30M` (about 30M
 parameters) for ``etmetal bench llm``.
@@ -259,24 +259,27 @@ def lm_exports(model: DecoderLM, prompt_len: int = 8) -> dict[str, Any]:
 
 
 def speech_exports(model: SpeechEncoderDecoder, frames: int = 16) -> dict[str, Any]:
-    """``{"encoder", "token_embedding", "text_decoder"}`` exported programs of ``model``."""
+    """``encoder`` (features -> audio embeddings), ``token_embedding`` (one token),
+    ``prefill`` (the text decoder over embeddings of any length >= 2) and ``decode`` (the
+    text decoder over one embedding) exported programs of ``model``. Lower with
+    ``share_mutable_buffers`` so ``decode`` continues from the cache ``prefill`` filled."""
     cfg = model.cfg
     seq = torch.export.Dim("seq", min=2, max=cfg.max_seq)
-    n = torch.export.Dim("tokens", min=1, max=cfg.max_seq)
     with torch.no_grad():
         encoder = torch.export.export(_Encoder(model), (torch.randn(1, cfg.mels, frames),))
         embedding = torch.export.export(
-            _TokenEmbedding(model),
-            (torch.zeros(1, 2, dtype=torch.long),),
-            dynamic_shapes=({1: n},),
+            _TokenEmbedding(model), (torch.zeros(1, 1, dtype=torch.long),)
         )
-        decoder = torch.export.export(
+        prefill = torch.export.export(
             _TextDecoder(model),
             (torch.randn(1, 4, cfg.dim), torch.arange(4)),
             dynamic_shapes=({1: seq}, {0: seq}),
         )
+        decode = torch.export.export(
+            _TextDecoder(model), (torch.randn(1, 1, cfg.dim), torch.tensor([0]))
+        )
     model.decoder.reset_cache()
-    return {"encoder": encoder, "token_embedding": embedding, "text_decoder": decoder}
+    return {"encoder": encoder, "token_embedding": embedding, "prefill": prefill, "decode": decode}
 
 
 def lower_methods(
