@@ -5,7 +5,8 @@ and ``<sha256>_weights_blob`` (upstream's layout; the program or an external ``.
 holds the bytes). ``init`` checks both blobs against the hashes in their keys, refuses
 native code the caller did not trust, writes the ``.so`` into a private directory,
 loads it through the shim bridge and creates the model container with its constants
-borrowed from the weights blob. ``execute`` lends the runtime's planned input memory
+borrowed from the weights blob (or, when the second key names a weights index, lent the
+program's one copy of each constant: :mod:`.shared_weights`). ``execute`` lends the runtime's planned input memory
 to the ``.so`` (no copy) and copies the results into the planned outputs.
 
 A delegate compiled for ``mps_emulated`` (compile spec ``target``) is Inductor's real

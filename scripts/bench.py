@@ -11,6 +11,11 @@ SUITES = {
         "etmetal.scripts.bench_overhead",
         "ns per shim call; view_copy and gather bandwidth vs a contiguous copy",
     ),
+    "llm": (
+        "etmetal.testing.llm_bench",
+        "a ~30M two-method decoder LM: latency vs eager and torch's AOTI runner; "
+        ".pte size and peak RSS with and without weight sharing",
+    ),
     "all": (
         "etmetal.scripts.bench_all",
         "every suite, each in its own process; writes BENCHMARKS.md",
