@@ -45,13 +45,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rss-child", nargs=2, metavar=("PTE", "METHODS"), help=argparse.SUPPRESS)
 
 
+def _peak_kib() -> int:
+    """This process's peak RSS (VmHWM). Not ``ru_maxrss``: Linux carries that over from
+    the parent through fork and exec, so a child would report the bench's own peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _rss_child(pte: str, methods: str) -> None:
     """In a fresh process: peak RSS after imports, then after loading and running."""
     from etmetal.runtime import Runtime
 
     torch.set_num_threads(1)
     Runtime.get()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _peak_kib()
     program = Runtime.get().load_program(pte, trust_native_code=True)
     loaded = [program.load_method(m) for m in methods.split(",")]
     for method in loaded:
@@ -59,7 +68,7 @@ def _rss_child(pte: str, methods: str) -> None:
             method.execute([torch.zeros(1, PROMPT, dtype=torch.long), torch.arange(PROMPT)])
         else:
             method.execute([torch.zeros(1, 1, dtype=torch.long), torch.tensor([PROMPT])])
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _peak_kib()
     print(json.dumps({"base_kib": base, "peak_kib": peak}))
 
 
@@ -73,16 +82,16 @@ def measure_rss(pte: Path, methods: str) -> dict[str, float]:
     }
 
 
-def _programs(model, tmp: Path) -> tuple[dict[str, Path], dict[str, Any]]:
+def _programs(model, tmp: Path) -> dict[str, Path]:
     from etmetal.examples import llm
 
-    exports = llm.lm_exports(model, prompt_len=PROMPT)
     paths = {}
     for name, share in (("shared", True), ("one_blob", False)):
+        exports = llm.lm_exports(model, prompt_len=PROMPT)  # lowering consumes them
         program = llm.lower_methods(exports, share_weights=share, share_mutable_buffers=share)
         paths[name] = tmp / f"lm_{name}.pte"
         paths[name].write_bytes(program.buffer)
-    return paths, exports
+    return paths
 
 
 def _runner(ep) -> Any:
@@ -93,10 +102,13 @@ def _runner(ep) -> Any:
     return torch_runner(art.so_path, art.weights_path)
 
 
-def latency(model, exports, pte: Path, args) -> list[bm.Comparison]:
+def latency(model, pte: Path, args) -> list[bm.Comparison]:
     from etmetal.runtime import Runtime
 
     program = Runtime.get().load_program(str(pte), trust_native_code=True)
+    from etmetal.examples import llm
+
+    exports = llm.lm_exports(model, prompt_len=PROMPT)
     rows = []
     cases = {
         "prefill": [torch.randint(0, model.cfg.vocab, (1, PROMPT)), torch.arange(PROMPT)],
@@ -146,8 +158,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     print(f"LM {args.config}: {params / 1e6:.1f}M parameters, {torch.get_num_threads()} thread(s)")
     with tempfile.TemporaryDirectory(prefix="etmetal-bench-llm-") as tmp:
-        paths, exports = _programs(model, Path(tmp))
-        rows = latency(model, exports, paths["shared"], args)
+        paths = _programs(model, Path(tmp))
+        rows = latency(model, paths["shared"], args)
         memory: dict[str, Any] = {}
         for name, path in paths.items():
             one, both = measure_rss(path, "decode"), measure_rss(path, "prefill,decode")

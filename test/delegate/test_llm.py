@@ -188,3 +188,26 @@ def test_encoder_decoder_program_matches_eager():
         token = int(got[-1].argmax(-1))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_an_index_that_disagrees_with_the_so_is_refused_naming_the_constant(programs):
+    from executorch.exir._serialize._program import serialize_pte_binary
+
+    from etmetal.runtime.errors import DelegateError
+
+    pte = deserialize_pte_binary(programs["own_kv"])
+    named = pte.named_data
+    [old_key] = [k for k in named.pte_data if k.endswith("_weights_index")]
+    entry = named.pte_data.pop(old_key)
+    doc = json.loads(bytes(named.buffers[entry.buffer_index]))
+    victim = next(c for c in doc["constants"] if c["fqn"].endswith("lm_head.weight"))
+    victim["dtype"] = 3  # int32: same size as the float32 the .so was compiled for
+    index = json.dumps(doc).encode()
+    new_key = hashlib.sha256(index).hexdigest() + "_weights_index"
+    named.buffers.append(index)
+    named.pte_data[new_key] = type(entry)(len(named.buffers) - 1, entry.alignment, None)
+    for inline in pte.program.backend_delegate_data:
+        inline.data = bytes(inline.data).replace(old_key.encode(), new_key.encode())
+    altered = bytes(serialize_pte_binary(pte))
+    with pytest.raises(DelegateError, match="lm_head_weight.*dtype code 6.*torch.int32"):
+        _load(altered).load_method("decode")
