@@ -5,7 +5,11 @@ partitioner to ``preprocess`` (and they are stored in the ``.pte``). Keys:
 ``target`` (``host``/``mps``/``mps_emulated``, written by the partitioner), ``runtime``
 (``etmetal``/``upstream``: which runtime the program is for; written by the partitioner
 only when it is not the target's default, so programs for upstream carry no new key),
-``method_name`` (upstream's key, used in messages) and ``codesign_identity`` (macOS only).
+``method_name`` (upstream's key, used in messages), ``codesign_identity`` (macOS only),
+``share_weights`` (``1``/``0``: store each constant once across methods, in the
+shared-weights layout only etmetal's runtime reads; default: on for ``host`` programs for
+etmetal's runtime, off otherwise) and ``share_mutable_buffers`` (``1``: methods share one
+copy of each mutable buffer with the same name; default off).
 """
 
 from __future__ import annotations
@@ -15,15 +19,28 @@ from dataclasses import dataclass
 
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
+from etmetal.common.fallbacks import ETMETAL_RUNTIME
+
 from .targets import (
     CODESIGN_SPEC_KEY,
+    HOST,
     METHOD_NAME_SPEC_KEY,
     RUNTIME_SPEC_KEY,
     TARGET_SPEC_KEY,
     check_target,
 )
 
-KNOWN_KEYS = (TARGET_SPEC_KEY, RUNTIME_SPEC_KEY, METHOD_NAME_SPEC_KEY, CODESIGN_SPEC_KEY)
+SHARE_WEIGHTS_KEY = "share_weights"
+SHARE_MUTABLE_BUFFERS_KEY = "share_mutable_buffers"
+KNOWN_KEYS = (
+    TARGET_SPEC_KEY,
+    RUNTIME_SPEC_KEY,
+    METHOD_NAME_SPEC_KEY,
+    CODESIGN_SPEC_KEY,
+    SHARE_WEIGHTS_KEY,
+    SHARE_MUTABLE_BUFFERS_KEY,
+)
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,8 @@ class MetalCompileOptions:
     runtime: str | None = None  # None: the target's default
     method_name: str | None = None
     codesign_identity: str | None = None
+    share_weights: bool | None = None  # None: the default (see shares_weights)
+    share_mutable_buffers: bool = False
 
 
 def check_compile_specs(compile_specs: object) -> list[CompileSpec]:
@@ -82,7 +101,36 @@ def parse_compile_specs(compile_specs: object) -> MetalCompileOptions:
         runtime=values.get(RUNTIME_SPEC_KEY),
         method_name=values.get(METHOD_NAME_SPEC_KEY),
         codesign_identity=values.get(CODESIGN_SPEC_KEY),
+        share_weights=_flag(values, SHARE_WEIGHTS_KEY),
+        share_mutable_buffers=bool(_flag(values, SHARE_MUTABLE_BUFFERS_KEY)),
     )
+
+
+def _flag(values: dict[str, str], key: str) -> bool | None:
+    if key not in values:
+        return None
+    flag = _FLAGS.get(values[key].strip().lower())
+    if flag is None:
+        raise ValueError(f"compile spec {key!r} must be b'1' or b'0', got {values[key]!r}")
+    return flag
+
+
+def shares_weights(requested: bool | None, target: str, runtime: str) -> bool:
+    """Whether a partition stores its constants one by one (the shared-weights layout).
+
+    Default (``requested`` None): yes for a ``host`` program meant for etmetal's runtime,
+    the only runtime that reads the layout; the Metal targets keep upstream's one-blob
+    layout (ExecuTorch's Metal runtime reads it, and their constants live on the device).
+    Asking for it elsewhere is a ValueError; ``False`` is the opt-out."""
+    if requested is None:
+        return False
+    if requested and (target != HOST or runtime != ETMETAL_RUNTIME):
+        raise ValueError(
+            f"share_weights is implemented for target 'host' with runtime 'etmetal' only, not "
+            f"target {target!r} with runtime {runtime!r} (ExecuTorch's Metal runtime reads "
+            "one weights blob per partition); drop the compile spec or lower for 'host'"
+        )
+    return requested
 
 
 def with_target(

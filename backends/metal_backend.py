@@ -4,7 +4,10 @@
 cannot lower as is (dim-order ops, view copies), compiles it through the shared
 content-addressed cache (weights outside the ``.so``, no libtorch), checks that the
 ``.so`` calls no fallback the target's runtime lacks, signs it on macOS if asked,
-and stores ``.so`` and weights as named data in upstream's layout.
+and stores ``.so`` and weights as named data: in upstream's layout (one weights blob)
+for programs meant for ExecuTorch's runtime, one entry per constant for ``host``
+programs meant for etmetal's (so methods holding the same weight share one entry;
+compile spec ``share_weights``, see :mod:`.compile_specs`).
 
 Backend lookup: exir finds a backend by *class name* among
 ``BackendDetails.__subclasses__()`` (first match in ``to_backend``, last match in the
@@ -31,15 +34,16 @@ from torch.export import ExportedProgram
 
 from etmetal.common.fallbacks import PROXY_EXECUTOR_SHIM, runtime_shims
 
-from .aoti_compile import compile_exported_program
+from .aoti_compile import AotiArtifact, compile_exported_program
 from .codesign import codesign
-from .compile_specs import parse_compile_specs
+from .compile_specs import parse_compile_specs, shares_weights
 from .delegate_blobs import pack_delegate_blobs
 from .mps_abi import MPS_RUNTIME_ABI
 from .passes.dim_order_to_aten import rewrite_dim_order_ops
 from .passes.inline_scalar_constants import inline_scalar_constants
 from .passes.replace_view_copy_with_view import ReplaceViewCopyWithView
 from .targets import HOST, MPS, MPS_EMULATED, resolve_runtime, resolve_target
+from .weights_split import SplitWeights, split_weights
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +127,18 @@ def prepare_for_aoti(ep: ExportedProgram, target: str) -> ExportedProgram:
     return ep
 
 
+def _split(
+    ep: ExportedProgram, artifact: AotiArtifact, weights: bytes, share_mutable: bool
+) -> SplitWeights | None:
+    """The partition's constants cut one by one (None: keep the one blob, see
+    :mod:`.weights_split`)."""
+    cpp = artifact.wrapper_cpp_path
+    if not weights or cpp is None:
+        return None
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    return split_weights(cpp.read_text(), weights, mutated, share_mutable)
+
+
 def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
     options = parse_compile_specs(compile_specs)
     # a partition lowered without the partitioner (to_backend("MetalBackend", ...)) picks
@@ -130,6 +146,15 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
     target = resolve_target(options.target or "auto")
     runtime = resolve_runtime(options.runtime, target)
     where = f"method {options.method_name!r}" if options.method_name else "partition"
+    try:
+        share = shares_weights(options.share_weights, target, runtime)
+    except ValueError as exc:
+        raise ValueError(f"Metal {where}: {exc}") from None
+    if options.share_mutable_buffers and not share:
+        raise ValueError(
+            f"Metal {where}: share_mutable_buffers needs the shared-weights layout "
+            f"(share_weights), which target {target!r} with runtime {runtime!r} does not use"
+        )
     ep = prepare_for_aoti(ep, target)
     artifact = compile_exported_program(ep, target=target, link_libtorch=False)
     so_bytes = artifact.so_bytes()
@@ -155,14 +180,19 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
             shutil.copy2(artifact.so_path, signed)  # never sign the shared cache entry
             if codesign(signed, options.codesign_identity):
                 so_bytes = signed.read_bytes()
-    processed, named_data = pack_delegate_blobs(so_bytes, artifact.weights_bytes(), extern_nodes)
+    weights = artifact.weights_bytes()
+    split = None
+    if share:
+        split = _split(ep, artifact, weights, options.share_mutable_buffers)
+    processed, named_data = pack_delegate_blobs(so_bytes, weights, extern_nodes, split)
     log.info(
-        "Metal %s compiled for %s (%s): .so %d bytes, weights %d bytes",
+        "Metal %s compiled for %s (%s): .so %d bytes, weights %d bytes (%s)",
         where,
         target,
         "cache hit" if artifact.from_cache else "compiled",
         len(so_bytes),
-        len(artifact.weights_bytes()),
+        len(weights),
+        f"{len(split.entries)} shared constants" if split is not None else "one blob",
     )
     return PreprocessResult(
         processed_bytes=processed, debug_handle_map={}, data_store_output=named_data

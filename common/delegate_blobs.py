@@ -1,27 +1,37 @@
 """The wire format of a Metal (AOTI) delegate, shared by the backend that writes it and the
 runtime that reads it.
 
-A compiled partition is two named-data entries, the ``.so`` and its weights, each keyed by
-the hex sha256 of its bytes plus ``_so_blob`` / ``_weights_blob``. The delegate's processed
-bytes are the two keys, one per line: the runtime finds the blobs by them and checks each
-blob against the hash in its key. This is upstream's AOTI layout, so an ``mps`` program
-runs on ExecuTorch's own Metal runtime unchanged.
+A delegate's processed bytes are named-data keys, one per line, each the hex sha256 of
+the entry's bytes followed by a suffix naming what it is; the runtime finds the entries by
+them and checks each one against the hash in its key:
 
-A partition compiled for etmetal's runtime whose ``.so`` runs operators through the proxy
-executor has a third entry, its extern-node table (``<sha256>_externs_blob``), named on
-a third line. Programs without one (every program meant for upstream's runtime) keep the
-two-line form.
+1. ``<sha256>_so_blob``: the compiled ``.so``.
+2. the partition's constants, in one of two layouts:
+   - ``<sha256>_weights_blob``: upstream's layout, every constant in one blob the ``.so``
+     reads as AOTI wrote it. Programs for ExecuTorch's own Metal runtime always use it, so
+     an ``mps`` program runs there unchanged.
+   - ``<sha256>_weights_index``: the shared-weights layout (:mod:`.weights_index`), an
+     index naming one entry per constant, so partitions of different methods that hold the
+     same tensor share one entry. Only etmetal's runtime reads it.
+3. optional, ``<sha256>_externs_blob``: the extern-node table of a ``.so`` that runs
+   operators without a C shim through etmetal's proxy executor.
+
+Both extensions are optional and independent: a two-line ``so``/``weights_blob`` program
+(upstream's, or any program etmetal wrote before them) still loads.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 SO_SUFFIX = "_so_blob"
 WEIGHTS_SUFFIX = "_weights_blob"
+INDEX_SUFFIX = "_weights_index"
 EXTERN_NODES_SUFFIX = "_externs_blob"
 PROCESSED_FORMAT = (
-    f"<sha256>{SO_SUFFIX}\\n<sha256>{WEIGHTS_SUFFIX}[\\n<sha256>{EXTERN_NODES_SUFFIX}]"
+    f"<sha256>{SO_SUFFIX}\\n<sha256>{WEIGHTS_SUFFIX} (or {INDEX_SUFFIX})"
+    f"[\\n<sha256>{EXTERN_NODES_SUFFIX}]"
 )
 _HEX = frozenset("0123456789abcdef")
 
@@ -32,18 +42,35 @@ def blob_key(data: bytes | memoryview, suffix: str) -> str:
 
 
 def key_digest(key: str) -> str:
-    """The hex sha256 a blob key starts with ("" if the key has none)."""
-    head = key.rsplit("_", 2)[0]
-    return head if len(head) == 64 and set(head) <= _HEX else ""
+    """The hex sha256 a blob key starts with ("" if the key has none). The rest of the
+    key is free (a shared constant's key carries its FQN, which may hold underscores)."""
+    head = key[:64]
+    ok = len(key) > 64 and key[64] == "_" and set(head) <= _HEX
+    return head if ok else ""
+
+
+@dataclass(frozen=True)
+class DelegateKeys:
+    """The named-data keys one delegate's processed bytes name."""
+
+    so: str
+    weights: str  # a ``_weights_blob`` or a ``_weights_index``
+    extern_nodes: str | None = None
+
+    @property
+    def shared_weights(self) -> bool:
+        """True when ``weights`` names an index of per-constant entries, not one blob."""
+        return self.weights.endswith(INDEX_SUFFIX)
 
 
 def format_processed(so_key: str, weights_key: str, extern_nodes_key: str | None = None) -> bytes:
-    """The processed bytes naming one partition's blobs (the table's only when it has one)."""
+    """The processed bytes naming one partition's entries (the table's only when it has one)."""
     keys = [so_key, weights_key] + ([extern_nodes_key] if extern_nodes_key else [])
     return "\n".join(keys).encode()
 
 
-def _keys(processed: bytes | memoryview) -> list[str]:
+def parse_keys(processed: bytes | memoryview) -> DelegateKeys:
+    """The keys named by processed bytes; ValueError if they are not a Metal delegate's."""
     try:
         lines = bytes(processed).decode("utf-8").split("\n")
     except UnicodeDecodeError:
@@ -51,7 +78,7 @@ def _keys(processed: bytes | memoryview) -> list[str]:
     if (
         len(lines) not in (2, 3)
         or not lines[0].endswith(SO_SUFFIX)
-        or not lines[1].endswith(WEIGHTS_SUFFIX)
+        or not lines[1].endswith((WEIGHTS_SUFFIX, INDEX_SUFFIX))
         or (len(lines) == 3 and not lines[2].endswith(EXTERN_NODES_SUFFIX))
         or not all(key_digest(k) for k in lines)
     ):
@@ -59,19 +86,18 @@ def _keys(processed: bytes | memoryview) -> list[str]:
             f"processed bytes are not a Metal AOTI blob reference ('{PROCESSED_FORMAT}'): "
             f"{bytes(processed[:120])!r}"
         )
-    return lines
+    return DelegateKeys(lines[0], lines[1], lines[2] if len(lines) == 3 else None)
 
 
 def parse_processed(processed: bytes | memoryview) -> tuple[str, str]:
     """(so key, weights key) named by processed bytes; ValueError if they are not that."""
-    lines = _keys(processed)
-    return lines[0], lines[1]
+    keys = parse_keys(processed)
+    return keys.so, keys.weights
 
 
 def extern_nodes_key(processed: bytes | memoryview) -> str | None:
     """The key of the partition's extern-node table; None when it has none."""
-    lines = _keys(processed)
-    return lines[2] if len(lines) == 3 else None
+    return parse_keys(processed).extern_nodes
 
 
 # in the extern-node table, the node metadata key etmetal's compile writes (JSON: tensor

@@ -25,6 +25,9 @@ class BackendInitContext:
     trusted_blob_hashes: frozenset[str] = field(default_factory=frozenset)
     # scratch space for runtime-wide settings a backend may read (e.g. isolate)
     options: dict[str, Any] = field(default_factory=dict)
+    # one dict per loaded program, the same for every method's delegates: what a backend
+    # loads once and lends to all of them (the Metal delegate's shared constants)
+    program_cache: dict[str, Any] = field(default_factory=dict)
 
 
 class BackendExecutor(ABC):

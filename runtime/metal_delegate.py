@@ -1,13 +1,16 @@
 """The ``MetalBackend`` delegate at run time: an AOTI ``.so`` executed through etmetal's shims.
 
-A Metal delegate's processed bytes name two named-data entries, ``<sha256>_so_blob``
-and ``<sha256>_weights_blob`` (upstream's layout; the program or an external ``.ptd``
-holds the bytes), and a third, ``<sha256>_externs_blob``, when the ``.so`` runs
-operators without a C shim through etmetal's proxy executor (its extern-node table). ``init`` checks both blobs against the hashes in their keys, refuses
-native code the caller did not trust, writes the ``.so`` into a private directory,
-loads it through the shim bridge and creates the model container with its constants
-borrowed from the weights blob. ``execute`` lends the runtime's planned input memory
-to the ``.so`` (no copy) and copies the results into the planned outputs.
+A Metal delegate's processed bytes name its named-data entries (the program or an
+external ``.ptd`` holds the bytes; format: :mod:`etmetal.common.delegate_blobs`): the
+``.so``, its constants (upstream's one ``<sha256>_weights_blob``, or a
+``<sha256>_weights_index`` naming one entry per constant) and, when the ``.so`` runs
+operators without a C shim through etmetal's proxy executor, its extern-node table.
+``init`` checks each entry against the hash in its key, refuses native code the caller
+did not trust, writes the ``.so`` into a private directory, loads it through the shim
+bridge and creates the model container with its constants borrowed from the weights
+blob, or lent the program's one copy of each constant (:mod:`.shared_weights`), so
+every method reads the same weights. ``execute`` lends the runtime's planned input
+memory to the ``.so`` (no copy) and copies the results into the planned outputs.
 
 A delegate compiled for ``mps_emulated`` (compile spec ``target``) is Inductor's real
 Metal program with its wrapper built for this CPU: its container is created for device
@@ -43,6 +46,7 @@ from .backend_interface import BackendExecutor, BackendInitContext
 from .delegates import register_delegate
 from .errors import DelegateError, IntegrityError, InvalidProgramError, UntrustedNativeCodeError
 from .layout import resize_in_dim_order
+from .shared_weights import load_constants, read_index
 from .tempfiles import private_dir, track, write_private_file
 from .tempfiles import remove as remove_private_dir
 
@@ -56,10 +60,10 @@ RUNNABLE_TARGETS = tuple(TARGET_DEVICES)
 _TMP_PREFIX = "etmetal-delegate-"  # tempfiles.private_dir("delegate") names: prefix + pid
 
 
-def parse_processed(processed: bytes, where: str) -> tuple[str, str]:
-    """(so key, weights key) named by a Metal delegate's processed bytes."""
+def parse_keys(processed: bytes, where: str) -> blob_format.DelegateKeys:
+    """The named-data keys a Metal delegate's processed bytes name."""
     try:
-        return blob_format.parse_processed(processed)
+        return blob_format.parse_keys(processed)
     except ValueError as exc:
         raise InvalidProgramError(f"{where}: {exc}") from None
 
@@ -132,6 +136,7 @@ class MetalDelegate(BackendExecutor):
         self._dir = directory
         self._where = where
         self._weights = weights  # constants borrow these bytes until destroy
+        self._constants = model.constants  # shared constants lent to the .so, idem
         self.num_inputs: int = model.num_inputs
         self.num_outputs: int = model.num_outputs
         self.so_digest = ""
@@ -153,16 +158,29 @@ class MetalDelegate(BackendExecutor):
                 "ExecuTorch's Metal runtime on macOS, or export with target='host' or "
                 "'mps_emulated')"
             )
-        so_key, weights_key = parse_processed(processed, where)
-        table_key = blob_format.extern_nodes_key(processed)
-        so = _named_blob(context, so_key, where)
-        weights = _named_blob(context, weights_key, where)
-        _check_integrity(so, so_key, ".so", where)
-        _check_integrity(weights, weights_key, "weights", where)
+        keys = parse_keys(processed, where)
+        so = _named_blob(context, keys.so, where)
+        weights = _named_blob(context, keys.weights, where)
+        _check_integrity(so, keys.so, ".so", where)
+        _check_integrity(weights, keys.weights, "weights", where)
         extern_nodes = None
-        if table_key is not None:  # operators the .so runs through the proxy executor
-            extern_nodes = _named_blob(context, table_key, where)
-            _check_integrity(extern_nodes, table_key, "extern-node table", where)
+        if keys.extern_nodes is not None:  # operators the .so runs through the proxy executor
+            extern_nodes = _named_blob(context, keys.extern_nodes, where)
+            _check_integrity(extern_nodes, keys.extern_nodes, "extern-node table", where)
+        constants = None
+        if keys.shared_weights:  # one named-data entry per constant, lent in place
+            if TARGET_DEVICES.get(target or "host") != "cpu":
+                raise InvalidProgramError(
+                    f"{where}: a {target!r} delegate names a weights index; the shared-weights "
+                    "layout is written for host delegates only (their constants live in host "
+                    "memory)"
+                )
+            entries = read_index(weights, where)
+            constants = load_constants(
+                entries, lambda k: _named_blob(context, k, where), context.program_cache, where
+            )
+            weights = memoryview(b"")
+        so_key = keys.so
         digest = key_digest(so_key)
         if not is_trusted(context, digest):
             raise UntrustedNativeCodeError(
@@ -182,6 +200,7 @@ class MetalDelegate(BackendExecutor):
                 weights if len(weights) else None,
                 device=TARGET_DEVICES.get(target or "host", "cpu"),
                 extern_nodes=None if extern_nodes is None else bytes(extern_nodes),
+                constants=constants,
             )
         except BaseException as exc:
             remove_private_dir(directory)
@@ -263,6 +282,7 @@ class MetalDelegate(BackendExecutor):
                 model.close()
         finally:
             self._weights = None
+            self._constants = None
             if self._dir is not None:
                 remove_private_dir(self._dir)
                 self._dir = None

@@ -35,6 +35,8 @@ class Program:
         self._memory_cap = memory_cap
         self._options = dict(options or {})
         self._meta: dict[str, MethodMeta] = {}
+        # what delegates of different methods share (BackendInitContext.program_cache)
+        self._program_cache: dict[str, Any] = {}
 
     @property
     def method_names(self) -> set[str]:
@@ -68,6 +70,7 @@ class Program:
             trust_native_code=self._trust,
             trusted_blob_hashes=self._trusted,
             options=options,
+            program_cache=self._program_cache,
         )
 
     def load_method(self, name: str) -> Method:

@@ -15,6 +15,11 @@ SUITES = {
         "etmetal.scripts.bench_metal",
         "emulated Metal: kernel launch overhead, per-kernel times, emulated/host ratio",
     ),
+    "llm": (
+        "etmetal.testing.llm_bench",
+        "a ~30M two-method decoder LM: latency vs eager and torch's AOTI runner; "
+        ".pte size and peak RSS with and without weight sharing",
+    ),
     "all": (
         "etmetal.scripts.bench_all",
         "every suite, each in its own process; writes BENCHMARKS.md",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import user_constants
 from .bridge import Bridge, BridgeError
 from .context import ShimContext, check_materialize, default_context
 from .dtypes import DEVICE_CODES
@@ -102,6 +103,9 @@ class AotiModel:
     ``.so`` that calls ``aoti_torch_proxy_executor_call_function`` (operators without a
     C shim) needs it, and its runs then pass a proxy executor handle
     (``shims.proxy_executor``).
+    ``constants`` (instead of ``weights_blob``): AOTI constant name -> cpu tensor, lent to
+    the container as user-managed constants (no copy; see :mod:`.user_constants`), so
+    several models can read one copy; the tensors must outlive the model.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class AotiModel:
         context: ShimContext | None = None,
         device: str = "cpu",
         extern_nodes: str | bytes | bytearray | memoryview | None = None,
+        constants: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
@@ -124,6 +129,8 @@ class AotiModel:
         self._container = None
         self._lib = None
         self._proxy: int | None = None
+        self.constants = dict(constants) if constants is not None else None
+        self._constant_handles: list[int] = []
         self._bridge: Bridge = ctx.load_bridge()
         if not self.so_path.is_file():
             raise AotiModelError(f"{self.so_path}: no such file")
@@ -255,7 +262,9 @@ class AotiModel:
                 else None
             )
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
-            if num_constants:
+            if self.constants is not None:
+                self._lend_constants(num_constants)
+            elif num_constants:
                 need = self._size("AOTInductorModelContainerGetConstantsBlobSize")
                 have = 0 if self._blob_owner is None else len(self._blob_owner)
                 if have < need:
@@ -278,6 +287,25 @@ class AotiModel:
         except BaseException:
             self.close()
             raise
+
+    def _lend_constants(self, count: int) -> None:
+        name = self.so_path.name
+        try:
+            user_constants.bind(self._lib, name)
+            stored = user_constants.stored_constants(self._lib, self._container, count, self._check)
+            user_constants.check_offered(stored, self.constants, name)
+        except ShimError as exc:
+            raise AotiModelError(str(exc)) from exc
+        ctx = self.context
+        self._constant_handles = user_constants.lend(
+            self._lib,
+            self._container,
+            {n: self.constants[n] for n, _, _ in stored},
+            ctx.register,
+            ctx.unregister,
+            self._device_type,
+            self._check,
+        )
 
     # --- running --------------------------------------------------------------------------
 
@@ -467,6 +495,10 @@ class AotiModel:
             with self.context.run_lock:
                 rc = self._lib.AOTInductorModelContainerDelete(self._container)
             self._container = None
+            handles, self._constant_handles = self._constant_handles, []
+            for h in handles:  # user-managed: the container never deletes them
+                if self.context.is_live(h):
+                    self.context.unregister(h)
             self._check(rc, "deleting the container")
         self._blob_owner = None
         self._blob_ptr = 0
