@@ -297,15 +297,25 @@ class AotiModel:
         except ShimError as exc:
             raise AotiModelError(str(exc)) from exc
         ctx = self.context
-        self._constant_handles = user_constants.lend(
-            self._lib,
-            self._container,
-            {n: self.constants[n] for n, _, _ in stored},
-            ctx.register,
-            ctx.unregister,
-            self._device_type,
-            self._check,
-        )
+        before = set(ctx.handles)
+        try:
+            self._constant_handles = user_constants.lend(
+                self._lib,
+                self._container,
+                {n: self.constants[n] for n, _, _ in stored},
+                ctx.register,
+                ctx.unregister,
+                self._device_type,
+                self._check,
+            )
+        finally:
+            # torch's container keeps each user-managed constant under a handle of its own
+            # (MaybeOwningAtenTensorHandle(handle, user_managed=true) calls
+            # aoti_torch_new_tensor_handle) that nothing ever deletes: ours to release
+            # after the container, with the lent handles
+            lent = set(self._constant_handles)
+            aliases = [h for h in ctx.handles if h not in before and h not in lent]
+            self._constant_handles = [*self._constant_handles, *aliases]
 
     # --- running --------------------------------------------------------------------------
 
