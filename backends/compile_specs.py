@@ -8,8 +8,9 @@ only when it is not the target's default, so programs for upstream carry no new 
 ``method_name`` (upstream's key, used in messages), ``codesign_identity`` (macOS only),
 ``share_weights`` (``1``/``0``: store each constant once across methods, in the
 shared-weights layout only etmetal's runtime reads; default: on for ``host`` programs for
-etmetal's runtime, off otherwise) and ``share_mutable_buffers`` (``1``: methods share one
-copy of each mutable buffer with the same name; default off).
+etmetal's runtime, off otherwise; ``0`` opts out) and ``share_mutable_buffers`` (``1``:
+methods share one copy of each mutable buffer with the same name; default off, needs the
+shared layout).
 """
 
 from __future__ import annotations
@@ -115,22 +116,31 @@ def _flag(values: dict[str, str], key: str) -> bool | None:
     return flag
 
 
-def shares_weights(requested: bool | None, target: str, runtime: str) -> bool:
+def shares_weights(options: MetalCompileOptions, target: str, runtime: str) -> bool:
     """Whether a partition stores its constants one by one (the shared-weights layout).
 
-    Default (``requested`` None): yes for a ``host`` program meant for etmetal's runtime,
-    the only runtime that reads the layout; the Metal targets keep upstream's one-blob
-    layout (ExecuTorch's Metal runtime reads it, and their constants live on the device).
-    Asking for it elsewhere is a ValueError; ``False`` is the opt-out."""
-    if requested is None:
-        return False
-    if requested and (target != HOST or runtime != ETMETAL_RUNTIME):
+    Default (``share_weights`` not given): yes for a ``host`` program meant for etmetal's
+    runtime, the only runtime that reads the layout; the Metal targets keep upstream's
+    one-blob layout (ExecuTorch's Metal runtime reads it, and their constants live on the
+    device). ``share_weights`` ``0`` is the opt-out. A ValueError names what cannot be
+    honoured: sharing asked for elsewhere, or ``share_mutable_buffers`` without sharing."""
+    requested = options.share_weights
+    shared = target == HOST and runtime == ETMETAL_RUNTIME
+    if requested and not shared:
         raise ValueError(
             f"share_weights is implemented for target 'host' with runtime 'etmetal' only, not "
             f"target {target!r} with runtime {runtime!r} (ExecuTorch's Metal runtime reads "
             "one weights blob per partition); drop the compile spec or lower for 'host'"
         )
-    return requested
+    if requested is not None:
+        shared = requested
+    if options.share_mutable_buffers and not shared:
+        raise ValueError(
+            "share_mutable_buffers needs the shared-weights layout (share_weights), which "
+            f"target {target!r} with runtime {runtime!r} does not use"
+            + (" (share_weights is 0)" if requested is False else "")
+        )
+    return shared
 
 
 def with_target(

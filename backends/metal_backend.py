@@ -147,14 +147,9 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
     runtime = resolve_runtime(options.runtime, target)
     where = f"method {options.method_name!r}" if options.method_name else "partition"
     try:
-        share = shares_weights(options.share_weights, target, runtime)
+        share = shares_weights(options, target, runtime)
     except ValueError as exc:
         raise ValueError(f"Metal {where}: {exc}") from None
-    if options.share_mutable_buffers and not share:
-        raise ValueError(
-            f"Metal {where}: share_mutable_buffers needs the shared-weights layout "
-            f"(share_weights), which target {target!r} with runtime {runtime!r} does not use"
-        )
     ep = prepare_for_aoti(ep, target)
     artifact = compile_exported_program(ep, target=target, link_libtorch=False)
     so_bytes = artifact.so_bytes()

@@ -286,13 +286,14 @@ def lower_methods(
     exports: dict[str, Any],
     *,
     target: str = "host",
-    share_weights: bool = True,
+    share_weights: bool | None = None,
     share_mutable_buffers: bool = False,
 ):
     """Lower several exported methods into one program with the Metal partitioner;
     returns the ``ExecutorchProgramManager``.
 
-    ``share_weights``: store each constant once across methods (the default);
+    ``share_weights``: store each constant once across methods (None: the partitioner's
+    default, which shares for ``host``; False keeps upstream's one blob per partition);
     ``share_mutable_buffers``: the methods read and write one copy of each mutable
     buffer with the same name (a KV cache ``prefill`` fills and ``decode`` reads).
     """
@@ -303,10 +304,11 @@ def lower_methods(
     from etmetal.backends.config import backend_config
     from etmetal.partitioner.metal_partitioner import MetalPartitioner
 
-    specs = [
-        CompileSpec(SHARE_WEIGHTS_KEY, b"1" if share_weights else b"0"),
-        CompileSpec(SHARE_MUTABLE_BUFFERS_KEY, b"1" if share_mutable_buffers else b"0"),
-    ]
+    specs = []
+    if share_weights is not None:
+        specs.append(CompileSpec(SHARE_WEIGHTS_KEY, b"1" if share_weights else b"0"))
+    if share_mutable_buffers:
+        specs.append(CompileSpec(SHARE_MUTABLE_BUFFERS_KEY, b"1"))
     partitioners = {
         name: [MetalPartitioner([*specs, CompileSpec("method_name", name.encode())], target=target)]
         for name in exports

@@ -29,7 +29,12 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..backends.compile_specs import check_compile_specs, parse_compile_specs, with_target
+from ..backends.compile_specs import (
+    check_compile_specs,
+    parse_compile_specs,
+    shares_weights,
+    with_target,
+)
 from ..backends.edge_ops import aten_overload
 from ..backends.metal_backend import BACKEND_ID
 from ..backends.supported_ops import OpVerdict, TargetCapabilities
@@ -98,6 +103,11 @@ class MetalPartitioner(Partitioner):
     (only etmetal runs a host ``.so``), ``upstream`` for ``mps`` and ``mps_emulated`` (the
     emulated target checks what a Mac's runtime accepts; pass ``runtime="etmetal"`` to
     run everything on etmetal's emulated device).
+
+    A ``host`` program for etmetal's runtime stores each constant as its own named-data
+    entry, so methods that hold the same weight share one copy (:attr:`share_weights`;
+    opt out with ``CompileSpec("share_weights", b"0")``); otherwise, upstream's one
+    weights blob per partition.
     """
 
     def __init__(
@@ -115,6 +125,8 @@ class MetalPartitioner(Partitioner):
         self.target = resolve_target(target)
         self.runtime = resolve_runtime(runtime, self.target)
         self.method_name = options.method_name
+        # the constants' layout, checked now so a spec that cannot be honoured fails here
+        self.share_weights = shares_weights(options, self.target, self.runtime)
         # the runtime key is written only when it is not the target's default: programs for
         # upstream's runtime carry exactly the specs they did before the option existed
         explicit = None if self.runtime == DEFAULT_RUNTIME[self.target] else self.runtime

@@ -101,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2))
     if args.write_md:
         from etmetal.scripts.bench_report import render
+        from etmetal.testing.llm_bench import carry_section  # bench llm runs on its own
 
-        Path(args.write_md).write_text(render(result))
+        Path(args.write_md).write_text(carry_section(Path(args.write_md), render(result)))
         print(f"wrote {args.write_md}")
     if args.update_md:
         from etmetal.scripts.bench_report import update

@@ -39,6 +39,8 @@ class Tiny(torch.nn.Module):
 
 def build_seeds(out_dir: Path) -> Path:
     """Write the seed programs (with inputs and eager outputs) into ``out_dir``."""
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
     from etmetal.backends.lowering import lower
     from etmetal.examples.demo import get_demo
 
@@ -46,8 +48,12 @@ def build_seeds(out_dir: Path) -> Path:
         torch.manual_seed(0)
         models = {"tiny": (Tiny().eval(), (torch.randn(3, 8),))}
     models["patch_embedding"] = get_demo("patch_embedding")
+    # host programs store their constants one by one (shared layout); fuzz upstream's
+    # one-blob layout too, with the same compiled .so (the opt-out compile spec)
+    models["tiny_one_blob"] = models["tiny"]
     for name, (module, inputs) in models.items():
-        program, _ = lower(module, inputs, target="host")
+        specs = [CompileSpec("share_weights", b"0")] if name.endswith("one_blob") else None
+        program, _ = lower(module, inputs, target="host", compile_specs=specs)
         (out_dir / f"{name}.pte").write_bytes(program.buffer)
         torch.save(list(inputs), out_dir / f"{name}.inputs.pt")
         with torch.no_grad():

@@ -233,6 +233,16 @@ def write_section(path: Path, section: str) -> None:
     print(f"wrote the LLM section of {path}")
 
 
+def carry_section(path: Path, text: str) -> str:
+    """``text`` (a regenerated report) with the LLM section ``path`` holds appended: ``bench
+    all`` rewrites the file but does not run this suite."""
+    old = path.read_text() if path.exists() else ""
+    start, end = old.find(_SECTION[0]), old.find(_SECTION[1])
+    if start < 0 or end < start or _SECTION[0] in text:
+        return text
+    return text.rstrip("\n") + "\n\n" + old[start : end + len(_SECTION[1])] + "\n"
+
+
 if __name__ == "__main__":  # the RSS child: python -m etmetal.testing.llm_bench --rss-child
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -25,21 +25,15 @@ from etmetal.backends.metal_backend import BACKEND_ID, DELEGATE_ID, EtmetalMetal
 from etmetal.common.cache import cache_root
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.partitioner.metal_partitioner import MetalPartitioner
+from etmetal.testing.pte_blobs import metal_delegates
 
 _EXTERN = re.compile(rb"aoti_torch_cpu_[A-Za-z0-9_]+")
 
 
 def delegate_payloads(pte: bytes, plan: int = 0) -> list[tuple[str, bytes, bytes, bytes]]:
-    """(delegate id, processed bytes, .so bytes, weights bytes) of each delegate in a plan."""
-    parsed = deserialize_pte_binary(pte)
-    program, named = parsed.program, parsed.named_data
-    out = []
-    for d in program.execution_plan[plan].delegates:
-        processed = program.backend_delegate_data[d.processed.index].data
-        so_key, weights_key = processed.decode().split("\n")
-        blobs = [named.buffers[named.pte_data[k].buffer_index] for k in (so_key, weights_key)]
-        out.append((d.id, processed, blobs[0], blobs[1]))
-    return out
+    """(delegate id, processed bytes, .so bytes, weights) of each delegate in a plan; the
+    weights as the one blob AOTI wrote, whichever layout the program stores them in."""
+    return [(d.id, d.processed, d.so, d.aoti_blob()) for d in metal_delegates(pte, plan)]
 
 
 def operator_names(pte: bytes, plan: int = 0) -> list[str]:
@@ -74,16 +68,28 @@ def test_registry_module_lowers_to_metal_delegates(name, registry_programs):
     param_bytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
     predicted = {k for p in partitioner.report.partitions for k in p.fallbacks}
     imported: set[str] = set()
-    for _, processed, so, weights in payloads:
-        so_key, weights_key = processed.decode().split("\n")
-        # upstream's layout: content keys, verifiable from the stored bytes
+    for d in metal_delegates(pte):
+        so_key, weights_key = d.keys[:2]
+        so = d.so
+        # content keys, verifiable from the stored bytes
         assert so_key == hashlib.sha256(so).hexdigest() + "_so_blob"
-        assert weights_key == hashlib.sha256(weights).hexdigest() + "_weights_blob"
+        if d.layout == "shared":
+            # a host program for etmetal's runtime: one entry per constant, named by an
+            # index, each keyed by its bytes' hash and its FQN
+            assert d.constants
+            assert weights_key == hashlib.sha256(d.weights).hexdigest() + "_weights_index"
+            for entry in d.index:
+                data = d.constants[entry["key"]]
+                want = f"{hashlib.sha256(data).hexdigest()}_{entry['fqn']}_weight"
+                assert entry["key"] == want and len(data) == entry["nbytes"]
+        else:  # only a partition without constants keeps upstream's layout (empty)
+            assert weights_key == hashlib.sha256(d.weights).hexdigest() + "_weights_blob"
+            assert d.weights == b"", f"{name}: constants left in one blob"
         assert so[:4] == b"\x7fELF" and b"AOTInductorModelContainerCreateWithDevice" in so
         # built without libtorch: no libtorch dependency recorded in the .so
         assert b"libtorch_cpu.so" not in so
         imported |= {m.decode() for m in _EXTERN.findall(so)}
-    # weights live outside the .so, in the weights blob
+    # weights live outside the .so, in the named data
     assert len(b"".join(p[3] for p in payloads)) >= param_bytes
     # the partitioner's ahead-of-time prediction matches what Inductor really emitted
     assert predicted == imported, f"{name}: predicted {predicted}, compiled {imported}"
@@ -403,3 +409,95 @@ def test_export_command_takes_module_callable(tmp_path, monkeypatch, capsys):
     args = ["export", "my_models:bare", "--input-shape", "10", "--target", "host", "-o", str(out)]
     assert main(args) == 0
     assert [p[0] for p in delegate_payloads(out.read_bytes())] == ["MetalBackend"]
+
+
+class _Relu(nn.Module):
+    def __init__(self, lin: nn.Linear) -> None:
+        super().__init__()
+        self.lin = lin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class _Twice(_Relu):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * 2.0
+
+
+def _two_methods_one_linear(**partitioner_kwargs) -> tuple[bytes, dict, torch.Tensor]:
+    """A program whose two methods hold the same nn.Linear (same FQNs, same tensors)."""
+    torch.manual_seed(3)
+    lin = nn.Linear(16, 24)
+    x = torch.randn(2, 16)
+    modules = {"relu": _Relu(lin).eval(), "twice": _Twice(lin).eval()}
+    exports = {n: torch.export.export(m, (x,)) for n, m in modules.items()}
+    partitioner = MetalPartitioner(target="host", **partitioner_kwargs)
+    edge = to_edge_transform_and_lower(exports, partitioner=[partitioner])
+    return edge.to_executorch().buffer, modules, x
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "default",
+        "opt_out",  # CompileSpec("share_weights", b"0")
+        "upstream",  # a program for ExecuTorch's Metal runtime
+    ],
+)
+def test_constants_layout_follows_the_runtime(how):
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    from etmetal.runtime import Runtime
+    from etmetal.testing.pte_blobs import named_bytes
+
+    kwargs = {
+        "default": {},
+        "opt_out": {"compile_specs": [CompileSpec("share_weights", b"0")]},
+        "upstream": {"runtime": "upstream"},
+    }[how]
+    pte, modules, x = _two_methods_one_linear(**kwargs)
+    named = named_bytes(pte)
+    lin = modules["relu"].lin
+    tensors = {"lin.weight": lin.weight, "lin.bias": lin.bias}
+    delegates = [metal_delegates(pte, plan) for plan in range(2)]
+    if how == "default":
+        # each weight stored once for both methods, as its own entry
+        shared = {k: v for k, v in named.items() if k.endswith("_weight")}
+        assert sorted(k[65 : -len("_weight")] for k in shared) == sorted(tensors)
+        for key, data in shared.items():
+            want = tensors[key[65 : -len("_weight")]].detach().numpy().tobytes()
+            assert data[: len(want)] == want
+        [[a], [b]] = delegates
+        assert a.layout == b.layout == "shared"
+        assert sorted(a.constants) == sorted(b.constants) == sorted(shared)
+    else:
+        # upstream's layout: one blob per partition, nothing named per constant
+        assert not any(k.endswith(("_weight", "_weights_index")) for k in named)
+        for [d] in delegates:
+            assert d.layout == "one_blob"
+            assert lin.weight.detach().numpy().tobytes() in d.weights
+    # every layout loads and runs in etmetal's runtime
+    program = Runtime.get().load_program(pte, trust_native_code=True)
+    for name, module in modules.items():
+        [got] = program.load_method(name).execute([x])
+        with torch.no_grad():
+            torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "specs, kwargs, message",
+    [
+        ([("share_weights", b"1")], {"runtime": "upstream"}, "runtime 'upstream'"),
+        ([("share_weights", b"1")], {"target": "mps_emulated"}, "target 'mps_emulated'"),
+        ([("share_weights", b"0"), ("share_mutable_buffers", b"1")], {}, "share_weights is 0"),
+        ([("share_mutable_buffers", b"1")], {"runtime": "upstream"}, "runtime 'upstream'"),
+        ([("share_weights", b"yes")], {}, "must be b'1' or b'0'"),
+    ],
+)
+def test_sharing_that_cannot_be_honoured_is_refused_by_the_partitioner(specs, kwargs, message):
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    compile_specs = [CompileSpec(k, v) for k, v in specs]
+    with pytest.raises(ValueError, match=message):
+        MetalPartitioner(compile_specs, **{"target": "host", **kwargs})

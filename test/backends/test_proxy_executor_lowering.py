@@ -15,6 +15,7 @@ from etmetal.common.delegate_blobs import EXTERN_NODES_SUFFIX
 from etmetal.partitioner.metal_partitioner import MetalPartitioner
 from etmetal.runtime import Runtime
 from etmetal.shims import default_context
+from etmetal.testing.pte_blobs import metal_delegates
 
 
 @torch.library.custom_op("etmtest_lower::shifted_scale", mutates_args=())
@@ -55,7 +56,9 @@ def test_ops_without_c_shim_run_delegated_through_the_proxy_executor(target):
     assert report.kept_out == []
     delegated = {op for p in report.partitions for op in p.ops}
     assert {"aten._upsample_bilinear2d_aa.vec", "etmtest_lower.shifted_scale.default"} <= delegated
-    assert len(_extern_keys(program.buffer)) == 1  # the table travels in the named data
+    [table] = _extern_keys(program.buffer)  # the table travels in the named data
+    [delegate] = metal_delegates(program.buffer)
+    assert delegate.extern_nodes_key == table  # on the processed bytes' third line
     method = Runtime.get().load_program(program.buffer, trust_native_code=True)
     method = method.load_method("forward")
     before = _proxy_calls()
@@ -111,3 +114,43 @@ def test_preprocess_accepts_proxy_calls_only_for_etmetals_runtime():
     ]
     with pytest.raises(ValueError, match="ExecuTorch's Metal runtime"):
         resolve_runtime("etmetal", "mps")
+
+
+class LinearThenCustom(torch.nn.Module):
+    """A weight AOTI stores (the linear's) and an op only the proxy executor runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.w = torch.nn.Parameter(torch.randn(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.etmtest_lower.shifted_scale(self.lin(x), self.w, 3, 0.5)
+
+
+@pytest.mark.parametrize("share", [None, b"0"])
+def test_shared_weights_and_the_extern_node_table_together(share):
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+    torch.manual_seed(5)
+    module, x = LinearThenCustom().eval(), torch.randn(1, 2, 3, 8)
+    specs = None if share is None else [CompileSpec("share_weights", share)]
+    program, _ = lower(module, (x,), target="host", compile_specs=specs)
+    [delegate] = metal_delegates(program.buffer)
+    # host default: the constants one by one (index on line 2) and the table on line 3;
+    # the opt-out: upstream's one blob on line 2, the table still on line 3
+    assert delegate.layout == ("shared" if share is None else "one_blob")
+    assert delegate.extern_nodes_key == _extern_keys(program.buffer)[0]
+    weight = module.lin.weight.detach().numpy().tobytes()
+    if share is None:
+        [key] = [c["key"] for c in delegate.index if c["fqn"] == "lin.weight"]
+        assert delegate.constants[key][: len(weight)] == weight
+    else:
+        assert weight in delegate.weights
+    method = Runtime.get().load_program(program.buffer, trust_native_code=True)
+    method = method.load_method("forward")
+    before = _proxy_calls()
+    [got] = method.execute([x])
+    assert _proxy_calls() - before == 1
+    with torch.no_grad():
+        torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)

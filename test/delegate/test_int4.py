@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from executorch.exir._serialize._program import deserialize_pte_binary
 
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.runtime import Runtime
 from etmetal.shims import load_bridge
+from etmetal.testing.pte_blobs import metal_delegates, named_bytes
 from etmetal.testing.torchao_reference import int4_linear_reference
 
 INT4 = [name for name, entry in REGISTRY.items() if entry.qlinear == "fpa4w"]
@@ -59,16 +59,17 @@ def test_int4_weights_stay_packed_in_the_program_and_at_run_time(lowered):
     packed = linear.packed_weights.detach()
     assert packed.dtype == torch.uint8 and tuple(packed.shape) == (n, k // 2)
 
-    # the program stores the packed bytes, not a float matrix
-    parsed = deserialize_pte_binary(low.pte)
-    program, named = parsed.program, parsed.named_data
-    [delegate] = program.execution_plan[0].delegates
-    _, weights_key = program.backend_delegate_data[delegate.processed.index].data.decode().split()
-    blob = named.buffers[named.pte_data[weights_key].buffer_index]
-    assert packed.numpy().tobytes() in blob
-    assert len(blob) < n * k  # less than one byte per weight: no float copy beside it
+    # the program stores the packed bytes, not a float matrix (in the shared layout of a
+    # host program for etmetal's runtime: one named-data entry per constant)
+    [delegate] = metal_delegates(low.pte)
+    assert delegate.layout == "shared"
+    [packed_entry] = [c for c in delegate.index if c["fqn"].endswith("packed_weights")]
+    packed_bytes = packed.numpy().tobytes()
+    assert delegate.constants[packed_entry["key"]][: len(packed_bytes)] == packed_bytes
+    stored = sum(len(v) for k, v in named_bytes(low.pte).items() if not k.endswith("_so_blob"))
+    assert stored < n * k  # less than one byte per weight: no float copy beside it
 
-    # at run time the shim reads the uint8 constant where the weights blob holds it
+    # at run time the shim reads the uint8 constant where the program's named data holds it
     seen = []
     bridge = load_bridge()
     original = bridge.context.shims[SHIM]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
 from pte_surgery import flip_byte, metal_blobs, replace_blobs, split_named_data
 from torch import nn
 
@@ -25,6 +26,7 @@ from etmetal.runtime import (
     metal_delegate,
 )
 from etmetal.shims import memory_stats
+from etmetal.testing.pte_blobs import metal_delegates, replace_named
 
 load = Runtime.get().load_program
 
@@ -32,6 +34,25 @@ load = Runtime.get().load_program
 @pytest.fixture
 def linear(lowered):
     return lowered("registry:linear_bias", lambda: get_model_and_inputs("linear_bias"))
+
+
+ONE_BLOB = {"compile_specs": [CompileSpec("share_weights", b"0")]}
+
+
+@pytest.fixture
+def linear_one_blob(lowered):
+    """linear_bias in upstream's one-blob layout (the opt-out of weight sharing)."""
+    return lowered(
+        "registry:linear_bias:one_blob", lambda: (*get_model_and_inputs("linear_bias"), ONE_BLOB)
+    )
+
+
+@pytest.fixture(params=["shared", "one_blob"])
+def linear_any(request, linear, linear_one_blob):
+    """linear_bias in each constants layout."""
+    low = linear if request.param == "shared" else linear_one_blob
+    assert metal_delegates(low.pte)[0].layout == request.param
+    return low
 
 
 @pytest.fixture
@@ -92,20 +113,29 @@ def test_a_hash_allow_list_without_this_so_is_refused(linear, private_tmp):
         load(linear.pte, trusted_blob_hashes=["0" * 64]).load_method("forward")
 
 
-@pytest.mark.parametrize("which", ["so", "weights"])
+@pytest.mark.parametrize("which", ["so", "weights", "constant"])
 @pytest.mark.parametrize("where", ["middle", "first_byte"])
-def test_altered_blob_is_refused_at_load(which, where, linear, private_tmp):
-    so_key, so, w_key, weights = metal_blobs(linear.pte)
-    blob = so if which == "so" else weights
-    altered = flip_byte(linear.pte, blob, at=0 if where == "first_byte" else None)
+def test_altered_blob_is_refused_at_load(which, where, linear_any, private_tmp):
+    # weights: the one blob, or the index naming the constants; constant: the shared
+    # layout's entry of the linear's weight (the one-blob layout has none)
+    d = metal_delegates(linear_any.pte)[0]
+    if which == "constant" and d.layout != "shared":
+        return
+    if which == "constant":
+        [key] = [c["key"] for c in d.index if c["fqn"].endswith("weight")]
+        blob = d.constants[key]
+    else:
+        key, blob = (d.keys[0], d.so) if which == "so" else (d.keys[1], d.weights)
+    altered = flip_byte(linear_any.pte, blob, at=0 if where == "first_byte" else None)
     program = load(altered, trust_native_code=True)  # the file itself still parses
     with pytest.raises(IntegrityError, match="altered or corrupted") as info:
         program.load_method("forward")
-    assert (so_key if which == "so" else w_key) in str(info.value)
+    assert key in str(info.value)
     assert _dirs(private_tmp) == []
 
 
-def test_private_directory_lifetime(linear, private_tmp):
+def test_private_directory_lifetime(linear_any, private_tmp):
+    linear = linear_any
     method = load(linear.pte, trust_native_code=True).load_method("forward")
     [d] = _dirs(private_tmp)
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
@@ -113,7 +143,7 @@ def test_private_directory_lifetime(linear, private_tmp):
     assert sorted(p.name for p in d.iterdir()) == [".etmetal-link", "delegate.so"]
     assert (d / "delegate.so").read_bytes() == metal_blobs(linear.pte)[1]
     method.execute(list(linear.inputs))
-    assert memory_stats().storages > 0  # constants borrowed from the weights blob
+    assert memory_stats().storages > 0  # constants borrowed from the blob or lent
     method.destroy()
     assert _dirs(private_tmp) == []
     assert memory_stats().storages == 0 and memory_stats().tensors == 0
@@ -121,9 +151,9 @@ def test_private_directory_lifetime(linear, private_tmp):
         method.execute(list(linear.inputs))
 
 
-def test_garbage_collected_method_releases_everything(linear, private_tmp):
-    method = load(linear.pte, trust_native_code=True).load_method("forward")
-    method.execute(list(linear.inputs))
+def test_garbage_collected_method_releases_everything(linear_any, private_tmp):
+    method = load(linear_any.pte, trust_native_code=True).load_method("forward")
+    method.execute(list(linear_any.inputs))
     del method
     gc.collect()
     assert _dirs(private_tmp) == [] and memory_stats().storages == 0
@@ -136,22 +166,35 @@ def test_so_that_does_not_load_cleans_up(linear, private_tmp):
     assert _dirs(private_tmp) == [] and memory_stats().storages == 0
 
 
-def test_call_arity_is_checked_at_load(linear, mm, private_tmp):
+def test_call_arity_is_checked_at_load(linear_one_blob, mm, private_tmp):
     # mm's .so takes two inputs; linear's delegate call passes one input and one output
-    swapped = replace_blobs(linear.pte, so=metal_blobs(mm.pte)[1], weights=b"")
+    swapped = replace_blobs(linear_one_blob.pte, so=metal_blobs(mm.pte)[1], weights=b"")
     with pytest.raises(InvalidProgramError, match="passes 2 values, the .so takes 2 inputs and 1"):
         load(swapped, trust_native_code=True).load_method("forward")
     assert _dirs(private_tmp) == [] and memory_stats().storages == 0
 
 
-def test_weights_blob_too_small_is_refused(linear, private_tmp):
-    truncated = replace_blobs(linear.pte, weights=metal_blobs(linear.pte)[3][:16])
+def test_weights_blob_too_small_is_refused(linear_one_blob, private_tmp):
+    pte = linear_one_blob.pte
+    truncated = replace_blobs(pte, weights=metal_blobs(pte)[3][:16])
     with pytest.raises(DelegateError, match="weights blob has 16 bytes"):
         load(truncated, trust_native_code=True).load_method("forward")
     assert _dirs(private_tmp) == [] and memory_stats().storages == 0
 
 
-def test_blobs_from_an_external_data_file(linear, private_tmp, tmp_path):
+def test_shared_constant_too_small_is_refused(linear, private_tmp):
+    # the constant's bytes are cut and its key rehashed (so its integrity check passes)
+    d = metal_delegates(linear.pte)[0]
+    [entry] = [c for c in d.index if c["fqn"].endswith("weight")]
+    truncated = replace_named(linear.pte, {entry["key"]: d.constants[entry["key"]][:16]})
+    want = rf"constant {entry['name']!r} .* has 16 bytes in named data .* the index says "
+    with pytest.raises(InvalidProgramError, match=want + str(entry["nbytes"])):
+        load(truncated, trust_native_code=True).load_method("forward")
+    assert _dirs(private_tmp) == [] and memory_stats().storages == 0
+
+
+def test_blobs_from_an_external_data_file(linear_any, private_tmp, tmp_path):
+    linear = linear_any
     pte, ptd = split_named_data(linear.pte)
     with pytest.raises(InvalidProgramError, match="data_files"):
         load(pte, trust_native_code=True).load_method("forward")
@@ -239,9 +282,11 @@ def test_metal_delegate_is_a_builtin_of_the_runtime_registry(monkeypatch):
     assert lookup_delegate("MetalBackend") is Override
 
 
-def test_so_compiled_for_other_shapes_fails_at_execute_with_a_clear_error(linear, lowered):
+def test_so_compiled_for_other_shapes_fails_at_execute_with_a_clear_error(linear_one_blob, lowered):
+    linear = linear_one_blob
     other = lowered(
-        "registry:linear_bias_batch1", lambda: get_model_and_inputs("linear_bias_batch1")
+        "registry:linear_bias_batch1:one_blob",
+        lambda: (*get_model_and_inputs("linear_bias_batch1"), ONE_BLOB),
     )
     _, so, _, weights = metal_blobs(other.pte)  # same arity, compiled for a [1, 7] input
     swapped = replace_blobs(linear.pte, so=so, weights=weights)

@@ -1,6 +1,7 @@
 """A bounded, seeded fuzz campaign over Metal-delegated programs and the shim layer.
 
-Mutated ``.pte`` files, re-keyed weights blobs, mutated delegate processed bytes and
+Mutated ``.pte`` files, re-keyed constants (weights blobs, weights indexes and shared
+constant entries), mutated delegate processed bytes and
 random hostile shim call sequences run in worker subprocesses (``etmetal bench fuzz``
 runs the same campaign longer). Every case must end in a clean etmetal error or a run;
 unchanged-meaning runs must match eager; no crash, no hang.
