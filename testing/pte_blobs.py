@@ -98,12 +98,13 @@ def replace_named(pte: bytes, changes: dict[str, bytes]) -> bytes:
         put(old, data)
     for key in indexes:  # indexes naming a renamed constant are rewritten, then rehashed
         key = renamed.get(key, key)
-        text = bytes(named.buffers[named.pte_data[key].buffer_index]).decode()
+        # bytes, not text: a mutated index need not be UTF-8
+        text = bytes(named.buffers[named.pte_data[key].buffer_index])
         new_text = text
         for old, new in renamed.items():
-            new_text = new_text.replace(old, new)
+            new_text = new_text.replace(old.encode(), new.encode())
         if new_text != text:
-            put(key, new_text.encode())
+            put(key, new_text)
             for old, new in list(renamed.items()):  # chain: original index key -> newest
                 if new == key:
                     renamed[old] = renamed[key]
