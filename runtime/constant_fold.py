@@ -6,6 +6,12 @@ more than the matmul on one thread). Such a copy has no side effects and its inp
 never change, so it runs once, at load, into a private tensor, and the instruction
 leaves the hot loop. The result cannot stay in its planned slot: memory planning may
 give those bytes to other values later in the method.
+
+The emitter may also give one planned buffer several value slots: a view it removed (an
+``expand_copy`` that changes nothing, a ``view_copy`` turned into an alias) leaves a
+second tensor at the same bytes, and the next instruction reads that one. Moving the
+copy's result to a private tensor would leave the alias reading whatever memory planning
+put there before, so a copy whose bytes are read through another slot is not folded.
 """
 
 from __future__ import annotations
@@ -48,6 +54,40 @@ def _foldable(table: ValueTable, args: list[int], rets: list[int], keep: set[int
     return not any(j in table.tensors for i in args[:-1] for j in table.list_items.get(i, ()))
 
 
+def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage pointer, first byte, end byte) of a planned tensor."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    return t.untyped_storage().data_ptr(), start, start + t.numel() * size
+
+
+def _read_through_alias(
+    table: ValueTable,
+    later: list[tuple[list[int], list[int]]],
+    out: int,
+) -> bool:
+    """Whether an instruction after the copy reads another slot overlapping ``out``'s bytes
+    before any instruction writes that slot (then the slot holds the copy's result)."""
+    vals = table.values
+    storage, lo, hi = _byte_range(vals[out])
+    written: set[int] = set()
+    for args, rets in later:
+        # a tensor-list argument (``cat``) reads its items
+        items = [j for i in args for j in table.list_items.get(i, ()) if j >= 0]
+        for i in [*args, *items]:
+            if i == out or i in written or i in rets:
+                continue
+            info = table.tensors.get(i)
+            v = vals[i]
+            if info is None or info.kind != "planned" or not isinstance(v, torch.Tensor):
+                continue
+            s, a, b = _byte_range(v)
+            if s == storage and a < hi and lo < b:
+                return True
+        written.update(rets)
+    return False
+
+
 def fold_constants(
     plan: schema.ExecutionPlan,
     table: ValueTable,
@@ -67,6 +107,21 @@ def fold_constants(
     for ci, chain in enumerate(plan.chains):
         if any(isinstance(i.instr_args, schema.JumpFalseCall) for i in chain.instructions):
             continue
+        # (read, written) value slots of each instruction, for the alias check
+        slots: list[tuple[list[int], list[int]]] = []
+        for ii, instr in enumerate(chain.instructions):
+            a = instr.instr_args
+            if isinstance(a, schema.KernelCall):
+                args, rets = split_args(
+                    f"chain {ci} instruction {ii}", kernel_names[a.op_index], list(a.args)
+                )
+                slots.append((args, rets))
+            elif isinstance(a, schema.DelegateCall):
+                slots.append((list(a.args), []))
+            elif isinstance(a, schema.MoveCall):
+                slots.append(([a.move_from], [a.move_to]))
+            else:
+                slots.append(([], []))
         for ii, instr in enumerate(chain.instructions):
             a = instr.instr_args
             if not isinstance(a, schema.KernelCall) or kernel_names[a.op_index] not in FOLDABLE:
@@ -74,6 +129,8 @@ def fold_constants(
             name = kernel_names[a.op_index]
             args, rets = split_args(f"chain {ci} instruction {ii}", name, list(a.args))
             if not _foldable(table, args, rets, keep):
+                continue
+            if _read_through_alias(table, slots[ii + 1 :], rets[0]):
                 continue
             out = rets[0]
             planned = vals[out]

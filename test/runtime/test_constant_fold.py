@@ -94,3 +94,31 @@ def test_fold_failure_is_a_load_error_naming_the_instruction(lower, monkeypatch)
     monkeypatch.setattr("etmetal.runtime.instructions.fold_constants", fold_with_broken_kernel)
     with pytest.raises(InvalidProgramError, match=r"permute_copy.*failed at load.*exploded"):
         Runtime.get().load_program(pte).load_method("forward")
+
+
+class BatchedLSTM(nn.Module):
+    """``nn.LSTM`` on a batch of 8: the emitter leaves the input projection's weight, after
+    ``permute_copy`` + ``expand_copy`` of constants, in a slot that ``bmm`` reads through a
+    second value at the same bytes (the no-op expand's alias), and the planner gives those
+    bytes to an earlier activation. A fold of the expand would leave ``bmm`` reading that
+    activation (ExecuTorch's operator suite, ``test_lstm_batch_sizes``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(input_size=64, hidden_size=32, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0]
+
+
+def test_copy_read_through_an_aliasing_slot_is_not_folded(lower, stock, monkeypatch):
+    torch.manual_seed(0)
+    model = BatchedLSTM().eval()
+    x = torch.randn(8, 10, 64)
+    pte = lower(model, (x,))
+    folded = _method(pte, True, monkeypatch)
+    for seed in range(2):
+        x = torch.randn(8, 10, 64, generator=torch.Generator().manual_seed(seed))
+        got = folded.execute([x])[0]
+        torch.testing.assert_close(got, stock(pte, [x])[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
