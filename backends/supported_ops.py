@@ -310,6 +310,7 @@ class TargetCapabilities:
         return None
 
     def _decompose(self, op: torch._ops.OpOverload, node: torch.fx.Node) -> list[torch.fx.Node]:
+        from torch._dispatch.python import enable_python_dispatcher
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode()
@@ -337,6 +338,11 @@ class TargetCapabilities:
             return op(*flat, **kwargs)
 
         with contextlib.ExitStack() as stack:
+            # AOTAutograd traces for Inductor under the Python dispatcher, where a composite
+            # op's Python kernel (``py_impl``) replaces its C++ one: upsample_bilinear2d.vec
+            # then becomes index arithmetic Inductor generates, not the ATen op it would
+            # run through the proxy executor. Trace the same way so the prediction agrees.
+            stack.enter_context(enable_python_dispatcher())
             if self.device == "mps":  # what a macOS torch decomposes differently on mps
                 from .mps_decompositions import MacMpsDecompositions
 

@@ -7,7 +7,9 @@ storage, so the packed int4 weights are read where the weights blob holds them, 
 expanded at load; ``gated_delta_rule`` writes the new state through its ``StateIn`` view.
 
 The numerics are the references: torchao's (dequantize by group, then one matmul,
-``etmetal.common.lowbit``) and ExecuTorch's CPU implementations of the ``metal::`` ops.
+``etmetal.common.lowbit``; the int4 shim computes it group by group from the packed bytes
+in native code, :mod:`.int4_native`) and ExecuTorch's CPU implementations of the
+``metal::`` ops.
 Arguments are checked first, so bad shapes, dtypes or expert indices fail with a message
 naming the operator instead of indexing out of bounds.
 """
@@ -18,8 +20,7 @@ import importlib
 
 import torch
 
-from etmetal.common import lowbit
-
+from . import int4_native
 from .core import adopt_result
 from .registry import need_out
 from .storage import ShimError
@@ -57,7 +58,7 @@ def linear_fp_act_4bit_weight(ctx, a, b, group_size, s, z, ret, *, device: int):
     need_out((ret, "ret"))
     args = (_in(ctx, a, "A"), _in(ctx, b, "B"), group_size, _in(ctx, s, "S"), _in(ctx, z, "Z"))
     try:
-        y = lowbit.linear(*args, 4)
+        y = int4_native.linear_4bit(*args)
     except ValueError as exc:
         raise ShimError(str(exc)) from exc
     _ret(ctx, ret, y, "ret", device)

@@ -28,26 +28,52 @@ def _read(cdrv, h: int) -> torch.Tensor:
     return torch.from_numpy(cdrv.read(h, np.float32))
 
 
-def _torchao_reference(a, q, group_size, scales, zeros):
-    """torchao's test reference: weights dequantized by group, then one matmul."""
+def _torchao_reference(a, q, group_size, scales, zeros, dtype=torch.float32):
+    """torchao's test reference: weights dequantized by group (in float32), then one
+    matmul, carried out in ``dtype``."""
     n, k = q.shape
     s = scales.unsqueeze(2).repeat(1, 1, group_size).view(n, -1)[:, :k]
     z = zeros.unsqueeze(2).repeat(1, 1, group_size).view(n, -1)[:, :k]
-    return torch.mm(a, (s * q.float() + z).t())
+    return torch.mm(a.to(dtype), (s * q.float() + z).t().to(dtype))
+
+
+def _assert_matches_torchao(got, a, q, group_size, scales, zeros):
+    """Within the delegate tests' tolerance of torchao's float32 reference, and at least as
+    close as it is to the exact product of A and the same float32-dequantized weights
+    (float32 matmuls differ from each other by their summation order, so the float64
+    product is the one fixed point)."""
+    ref = _torchao_reference(a, q, group_size, scales, zeros)
+    exact = _torchao_reference(a, q, group_size, scales, zeros, torch.float64)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    err_got = (got.double() - exact).abs().max().item()
+    err_ref = (ref.double() - exact).abs().max().item()
+    assert err_got <= err_ref + 1e-9 * exact.abs().max().item(), (err_got, err_ref)
 
 
 def _int4_case(m=3, k=64, n=8, group_size=32, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
-    scales = torch.rand(n, k // group_size, generator=gen) + 0.01
-    zeros = -torch.randint(0, 16, (n, k // group_size), generator=gen).float() * scales
+    groups = -(-k // group_size)  # a partial last group when group_size does not divide K
+    scales = torch.rand(n, groups, generator=gen) + 0.01
+    zeros = -torch.randint(0, 16, (n, groups), generator=gen).float() * scales
     a = torch.rand(m, k, generator=gen)
     packed = q[:, 0::2] | (q[:, 1::2] << 4)  # torchao's 4-bit layout, written out
     return a, q, packed, scales, zeros
 
 
 @pytest.mark.parametrize("device", ["cpu", "mps"])
-@pytest.mark.parametrize("m, k, n, group_size", [(3, 64, 8, 32), (1, 32, 3, 32), (5, 256, 12, 128)])
+@pytest.mark.parametrize(
+    "m, k, n, group_size",
+    [
+        (3, 64, 8, 32),
+        (1, 32, 3, 32),
+        (5, 256, 12, 128),
+        (1, 640, 1030, 32),  # the registry's one-row (qmv) module
+        (127, 128, 256, 64),
+        (2, 40, 4, 32),  # a partial last group
+        (4, 512, 8, 256),
+    ],
+)
 def test_int4_linear_matches_torchao_reference(cdrv, device, m, k, n, group_size):
     a, q, packed, scales, zeros = _int4_case(m, k, n, group_size)
     hs = [_h(cdrv, t) for t in (a, packed)]
@@ -55,9 +81,28 @@ def test_int4_linear_matches_torchao_reference(cdrv, device, m, k, n, group_size
     ret = ctypes.c_void_p()
     fn = getattr(cdrv.lib, f"aoti_torch_{device}__linear_fp_act_4bit_weight")
     assert fn(*hs, group_size, *hsz, ctypes.byref(ret)) == 0, last_error()
-    got = _read(cdrv, ret.value)
-    torch.testing.assert_close(got, _torchao_reference(a, q, group_size, scales, zeros))
+    _assert_matches_torchao(_read(cdrv, ret.value), a, q, group_size, scales, zeros)
     for h in (*hs, *hsz, ret.value):
+        assert cdrv.delete(h) == 0
+
+
+def test_int4_linear_never_expands_the_weights(cdrv, monkeypatch):
+    # the shim computes from the packed bytes: the reference's whole-matrix dequantize and
+    # unpack are never called (they would make an [N, K] float32 copy per call)
+    from etmetal.common import lowbit
+
+    def expand(*args, **kwargs):
+        raise AssertionError("the int4 shim expanded the weight matrix")
+
+    monkeypatch.setattr(lowbit, "dequantize", expand)
+    monkeypatch.setattr(lowbit, "unpack", expand)
+    a, q, packed, scales, zeros = _int4_case(1, 640, 1030, 32)
+    hs = [_h(cdrv, t) for t in (a, packed, scales, zeros)]
+    ret = ctypes.c_void_p()
+    fn = cdrv.lib.aoti_torch_cpu__linear_fp_act_4bit_weight
+    assert fn(hs[0], hs[1], 32, hs[2], hs[3], ctypes.byref(ret)) == 0, last_error()
+    _assert_matches_torchao(_read(cdrv, ret.value), a, q, 32, scales, zeros)
+    for h in (*hs, ret.value):
         assert cdrv.delete(h) == 0
 
 
