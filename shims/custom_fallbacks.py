@@ -57,7 +57,7 @@ def linear_fp_act_4bit_weight(ctx, a, b, group_size, s, z, ret, *, device: int):
     need_out((ret, "ret"))
     args = (_in(ctx, a, "A"), _in(ctx, b, "B"), group_size, _in(ctx, s, "S"), _in(ctx, z, "Z"))
     try:
-        y = lowbit.linear(*args, 4)
+        y = lowbit.linear(lowbit.LinearOperands(*args), 4)
     except ValueError as exc:
         raise ShimError(str(exc)) from exc
     _ret(ctx, ret, y, "ret", device)
