@@ -46,14 +46,14 @@ def _pack_kernel(nbit: int):
 
 def _linear_kernel(nbit: int):
     def linear(a, b, group_size, s, z):
-        return lowbit.linear(a, b, group_size, s, z, nbit)
+        return lowbit.linear(lowbit.LinearOperands(a, b, group_size, s, z), nbit)
 
     return linear
 
 
 def _linear_out_kernel(nbit: int):
     def linear_out(a, b, group_size, s, z, *, out):
-        result = lowbit.linear(a, b, group_size, s, z, nbit)
+        result = lowbit.linear(lowbit.LinearOperands(a, b, group_size, s, z), nbit)
         out.resize_(result.shape)
         return out.copy_(result)
 
@@ -74,7 +74,7 @@ def _define(lib: torch.library.Library) -> None:
 
 def _meta_linear(nbit: int):
     def linear(a, b, group_size, s, z):
-        m, _, n = lowbit.check_linear_args(a, b, group_size, s, z, nbit)
+        m, _, n = lowbit.check_linear_args(lowbit.LinearOperands(a, b, group_size, s, z), nbit)
         return a.new_empty((m, n))
 
     return linear

@@ -14,6 +14,8 @@ the same numerics on the packed weights the program stores.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 GROUP_SIZES = (32, 64, 128, 256)
@@ -56,15 +58,20 @@ def unpack(packed: torch.Tensor, k: int, nbit: int) -> torch.Tensor:
     return (bits * weights).sum(-1).to(torch.uint8)
 
 
-def check_linear_args(
-    a: torch.Tensor,
-    packed: torch.Tensor,
-    group_size: int,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    nbit: int,
-) -> tuple[int, int, int]:
+class LinearOperands(NamedTuple):
+    """The operands of torchao's ``_linear_fp_act_{nbit}bit_weight(A, B, group_size, S, Z)``:
+    activations, packed weights, columns per group, scales and zeros."""
+
+    a: torch.Tensor
+    packed: torch.Tensor
+    group_size: int
+    scales: torch.Tensor
+    zeros: torch.Tensor
+
+
+def check_linear_args(operands: LinearOperands, nbit: int) -> tuple[int, int, int]:
     """The conditions torchao's kernel checks; returns ``(M, K, N)``. Raises ValueError."""
+    a, packed, group_size, scales, zeros = operands
     op = f"_linear_fp_act_{nbit}bit_weight"
     if a.dtype not in (torch.float32, torch.float16, torch.bfloat16) or a.dim() != 2:
         raise ValueError(f"{op}: A must be a 2-d float tensor, got {a.dtype} {list(a.shape)}")
@@ -114,15 +121,9 @@ def dequantize(
     return q * s + z
 
 
-def linear(
-    a: torch.Tensor,
-    packed: torch.Tensor,
-    group_size: int,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    nbit: int,
-) -> torch.Tensor:
+def linear(operands: LinearOperands, nbit: int) -> torch.Tensor:
     """``A @ dequantize(B).T`` in float32, returned in A's dtype (torchao's reference)."""
-    _, k, _ = check_linear_args(a, packed, group_size, scales, zeros, nbit)
+    _, k, _ = check_linear_args(operands, nbit)
+    a, packed, group_size, scales, zeros = operands
     w = dequantize(packed, k, group_size, scales, zeros, nbit)
     return torch.mm(a.to(torch.float32), w.t()).to(a.dtype)

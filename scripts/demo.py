@@ -21,16 +21,12 @@ from pathlib import Path
 import torch
 
 from etmetal.scripts.benchmarking import Arm, interleaved
+from etmetal.scripts.suites import add_only_option
 from etmetal.testing import view_copy_matrix
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        action="append",
-        metavar="NAME",
-        help="only this demo model (repeatable); default: all",
-    )
+    add_only_option(parser, "--model", "only this demo model (repeatable); default: all")
     parser.add_argument(
         "--out-dir", default="etmetal-demo", help="where the .pte files go (default: %(default)s)"
     )
@@ -42,12 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Metal target to lower for (default: %(default)s; mps_emulated = Inductor's real "
         "Metal code run on etmetal's emulated Metal device)",
     )
-    parser.add_argument(
-        "--case",
-        action="append",
-        metavar="NAME",
-        help="only this view_copy model (repeatable); default: all",
-    )
+    add_only_option(parser, "--case", "only this view_copy model (repeatable); default: all")
     parser.add_argument(
         "--no-view-copy", action="store_true", help="skip the view_copy layout table"
     )

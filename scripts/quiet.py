@@ -2,7 +2,8 @@
 
 Importing torch, torchao and ExecuTorch, and lowering with them, prints messages a user
 cannot act on: torchao's "Failed to load ..._C_mxfp8" and "no triton" log lines, torch's
-pytree log lines, and a ``FutureWarning`` each time ExecuTorch copies a tree spec. Unless
+pytree log lines (one even at ``etmetal bench --help``, when torchao registers an enum), and
+a ``FutureWarning`` each time ExecuTorch copies a tree spec. Unless
 ``-v`` is given, the CLI drops the log records of those packages below ERROR and every
 Python warning raised from inside their code. A warning raised by etmetal's own code, or
 by a user's module the CLI imports, is still shown.
@@ -60,6 +61,11 @@ def silence_dependencies() -> None:
 
     showwarning.etmetal_quiet = True  # type: ignore[attr-defined]
     warnings.showwarning = showwarning
+    # importing torch sets its loggers' levels (WARNING) whatever they were before, so the
+    # levels are lowered after it: the commands' own imports (torchao logs through torch's
+    # pytree logger while it loads) then find them quiet
+    import torch  # noqa: F401
+
     quiet_loggers()
 
 

@@ -10,16 +10,14 @@ import sys
 from dataclasses import asdict
 
 from etmetal.examples.view_copy import CASES, get_case
+from etmetal.scripts.suites import add_only_option
 from etmetal.testing.view_copy_matrix import format_table, run_matrix, summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-    parser.add_argument(
-        "--case",
-        action="append",
-        metavar="NAME",
-        help=f"only this model (repeatable): {', '.join(c.name for c in CASES)}",
+    add_only_option(
+        parser, "--case", f"only this model (repeatable): {', '.join(c.name for c in CASES)}"
     )
     parser.add_argument(
         "--generated",
@@ -29,11 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(etmetal.testing.layout_programs): counts per lowering",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of --generated (default 0)")
-    parser.add_argument(
+    add_only_option(
+        parser,
         "--program",
-        action="append",
-        metavar="NAME",
-        help="only this generated program, e.g. gen0-190 (repeatable; implies --generated)",
+        "only this generated program, e.g. gen0-190 (repeatable; implies --generated)",
     )
     parser.add_argument(
         "--progress", action="store_true", help="with --generated: a line per program on stderr"

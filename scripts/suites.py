@@ -37,3 +37,8 @@ def make_command(suites: dict[str, tuple[str, str]]):
         return int(module.run(args) or 0)
 
     return add_arguments, run
+
+
+def add_only_option(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    """A repeatable ``FLAG NAME`` that restricts the command to the items named."""
+    parser.add_argument(flag, action="append", metavar="NAME", help=help_text)

@@ -69,7 +69,9 @@ def linear_4bit(
 ) -> torch.Tensor:
     """``A @ dequantize(B).T`` for 4-bit ``B`` (the numerics of ``lowbit.linear``), in A's
     dtype. Raises ValueError for arguments torchao's kernel rejects."""
-    m, k, n = lowbit.check_linear_args(a, packed, group_size, scales, zeros, 4)
+    m, k, n = lowbit.check_linear_args(
+        lowbit.LinearOperands(a, packed, group_size, scales, zeros), 4
+    )
     dot, tile = _kernels()
     a32 = a.to(torch.float32).contiguous()
     # a non-contiguous packed view is copied packed: still half a byte a weight

@@ -59,6 +59,14 @@ def _requantize_channels(op, acc, multipliers, shifts, output_offset, act_min, a
     return saturate_int8(requantize(acc, mult, shift) + output_offset, act_min, act_max)
 
 
+def _finish(op, acc, bias, channels, multipliers, shifts, output_offset, act_min, act_max):
+    """The int32 accumulator plus the per-channel bias (if any), requantized to int8."""
+    bias = _bias(op, bias, channels)
+    if bias is not None:
+        acc = acc + bias
+    return _requantize_channels(op, acc, multipliers, shifts, output_offset, act_min, act_max)
+
+
 def _conv_geometry(op, stride, padding, dilation):
     stride, padding, dilation = (
         _pair(op, "stride", stride),
@@ -104,10 +112,9 @@ def conv2d(op, input, weight, bias, stride, padding, dilation, input_offset, out
         weight.to(torch.int32).permute(0, 3, 1, 2),
         stride, padding, dilation, in_channels // kernel_channels,
     )  # fmt: skip
-    bias = _bias(op, bias, weight.shape[0])
-    if bias is not None:
-        acc = acc + bias
-    return _requantize_channels(op, acc, multipliers, shifts, output_offset, act_min, act_max)
+    return _finish(
+        op, acc, bias, weight.shape[0], multipliers, shifts, output_offset, act_min, act_max
+    )
 
 
 def depthwise_conv2d(op, input, weight, bias, stride, padding, dilation, depth_multiplier,
@@ -146,10 +153,9 @@ def depthwise_conv2d(op, input, weight, bias, stride, padding, dilation, depth_m
                 left : left + stride[1] * (out_w - 1) + 1 : stride[1],
             ]  # fmt: skip
             acc += window * taps[i, j]
-    bias = _bias(op, bias, out_channels)
-    if bias is not None:
-        acc = acc + bias
-    return _requantize_channels(op, acc, multipliers, shifts, output_offset, act_min, act_max)
+    return _finish(
+        op, acc, bias, out_channels, multipliers, shifts, output_offset, act_min, act_max
+    )
 
 
 def transpose_conv2d(op, input, weight, bias, stride, padding, output_padding, dilation,
@@ -172,10 +178,9 @@ def transpose_conv2d(op, input, weight, bias, stride, padding, output_padding, d
         dilation=dilation, groups=in_channels // kernel_channels,
     )  # fmt: skip
     acc = wrap_int32(acc.to(torch.int64))
-    bias = _bias(op, bias, weight.shape[0])
-    if bias is not None:
-        acc = acc + bias
-    return _requantize_channels(op, acc, multipliers, shifts, output_offset, act_min, act_max)
+    return _finish(
+        op, acc, bias, weight.shape[0], multipliers, shifts, output_offset, act_min, act_max
+    )
 
 
 def avg_pool2d(op, input, kernel_size, stride, padding, ceil_mode, zero_point, multiplier, shift):

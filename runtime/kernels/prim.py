@@ -16,7 +16,7 @@ from ..layout import numel, strides_for
 from .registry import register_kernel
 
 
-def _binary(name: str, fn) -> None:
+def _scalar(name: str, fn) -> None:
     register_kernel(f"executorch_prim::{name}", num_returns=1)(fn)
 
 
@@ -56,43 +56,19 @@ for _name, _fn in {
     "sym_max.Scalar": max,
     "sym_min.Scalar": min,
 }.items():
-    _binary(_name, _fn)
+    _scalar(_name, _fn)
 
 
-@register_kernel("executorch_prim::neg.Scalar", num_returns=1)
-def neg(a):
-    return -a
-
-
-@register_kernel("executorch_prim::ceil.Scalar", num_returns=1)
-def ceil(a):
-    return math.ceil(a)
-
-
-@register_kernel("executorch_prim::round.Scalar", num_returns=1)
-def round_(a):
-    # round half to even, like std::nearbyint in the C++ op
-    return round(a)
-
-
-@register_kernel("executorch_prim::trunc.Scalar", num_returns=1)
-def trunc(a):
-    return math.trunc(a)
-
-
-@register_kernel("executorch_prim::sym_float.Scalar", num_returns=1)
-def sym_float(a):
-    return float(a)
-
-
-@register_kernel("executorch_prim::sym_int.Scalar", num_returns=1)
-def sym_int(a):
-    return int(a)
-
-
-@register_kernel("executorch_prim::sym_not.Scalar", num_returns=1)
-def sym_not(a):
-    return not a
+for _name, _fn in {
+    "neg.Scalar": operator.neg,
+    "ceil.Scalar": math.ceil,
+    "round.Scalar": round,  # half to even, like std::nearbyint in the C++ op
+    "trunc.Scalar": math.trunc,
+    "sym_float.Scalar": float,
+    "sym_int.Scalar": int,
+    "sym_not.Scalar": operator.not_,
+}.items():
+    _scalar(_name, _fn)
 
 
 @register_kernel("executorch_prim::sym_ite.Scalar", num_returns=1)

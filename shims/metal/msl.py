@@ -40,6 +40,9 @@ class MslError(Exception):
 
 
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+# Process-wide on purpose, not shim state: a compiled library is immutable code, and dlopen
+# maps a path once per process (nor can it be unloaded while a kernel of it may run), so
+# every ShimContext shares one library per source text, and the dispatcher they link against.
 _lock = threading.Lock()
 _libraries: dict[str, MslLibrary] = {}
 _dispatcher: ctypes.CDLL | None = None

@@ -50,7 +50,7 @@ def test_linear_is_dequantize_by_group_then_matmul():
     for i in range(n):
         for j in range(k):
             w[i, j] = q[i, j] * scales[i, j // gs] + zeros[i, j // gs]
-    got = lowbit.linear(a, lowbit.pack(q, 4), gs, scales, zeros, 4)
+    got = lowbit.linear(lowbit.LinearOperands(a, lowbit.pack(q, 4), gs, scales, zeros), 4)
     torch.testing.assert_close(got, a @ w.t(), atol=1e-5, rtol=1e-5)
 
 
@@ -58,24 +58,24 @@ def test_linear_is_dequantize_by_group_then_matmul():
     "change, mentions",
     [
         ({"group_size": 48}, "group_size"),
-        ({"b": torch.zeros(8, 31, dtype=torch.uint8)}, "bytes per row"),
-        ({"s": torch.ones(7, 2)}, "S must be"),
-        ({"z": torch.zeros(8, 2, dtype=torch.float64)}, "Z has dtype"),
+        ({"packed": torch.zeros(8, 31, dtype=torch.uint8)}, "bytes per row"),
+        ({"scales": torch.ones(7, 2)}, "S must be"),
+        ({"zeros": torch.zeros(8, 2, dtype=torch.float64)}, "Z has dtype"),
         ({"a": torch.ones(3, 64, dtype=torch.int32)}, "A must be"),
-        ({"b": torch.zeros(6, 32, dtype=torch.uint8)}, "multiple of 4"),
+        ({"packed": torch.zeros(6, 32, dtype=torch.uint8)}, "multiple of 4"),
     ],
 )
 def test_bad_arguments_name_what_is_wrong(change, mentions):
     args = {
         "a": torch.randn(3, 64),
-        "b": torch.zeros(8, 32, dtype=torch.uint8),
+        "packed": torch.zeros(8, 32, dtype=torch.uint8),
         "group_size": 32,
-        "s": torch.ones(8, 2),
-        "z": torch.zeros(8, 2),
+        "scales": torch.ones(8, 2),
+        "zeros": torch.zeros(8, 2),
     }
     args.update(change)
     with pytest.raises(ValueError, match=mentions):
-        lowbit.linear(args["a"], args["b"], args["group_size"], args["s"], args["z"], 4)
+        lowbit.linear(lowbit.LinearOperands(**args), 4)
 
 
 def test_a_partial_last_group_uses_its_own_scale():

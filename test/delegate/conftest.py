@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from etmetal.backends.lowering import lower
+from etmetal.runtime import Runtime
 
 # pytest runs with --import-mode=importlib: make this folder's helper modules importable
 sys.path.insert(0, str(Path(__file__).parent))
@@ -22,6 +23,15 @@ class Lowered:
         self.inputs = inputs
         program, self.partitioner = lower(module, inputs, target="host", **kwargs)
         self.pte: bytes = program.buffer
+
+    def execute(self, inputs) -> list[torch.Tensor]:
+        """One execute of the ``.pte``'s forward in etmetal's runtime (method destroyed after)."""
+        program = Runtime.get().load_program(self.pte, trust_native_code=True)
+        method = program.load_method("forward")
+        try:
+            return method.execute(list(inputs))
+        finally:
+            method.destroy()
 
 
 @pytest.fixture(scope="session")

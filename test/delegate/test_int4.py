@@ -8,21 +8,12 @@ import pytest
 import torch
 
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
-from etmetal.runtime import Runtime
 from etmetal.shims import load_bridge
 from etmetal.testing.pte_blobs import metal_delegates, named_bytes
 from etmetal.testing.torchao_reference import int4_linear_reference
 
 INT4 = [name for name, entry in REGISTRY.items() if entry.qlinear == "fpa4w"]
 SHIM = "aoti_torch_cpu__linear_fp_act_4bit_weight"
-
-
-def _run(pte: bytes, inputs) -> list[torch.Tensor]:
-    method = Runtime.get().load_program(pte, trust_native_code=True).load_method("forward")
-    try:
-        return method.execute(list(inputs))
-    finally:
-        method.destroy()
 
 
 def test_the_registry_has_the_five_upstream_int4_linears():
@@ -44,7 +35,7 @@ def test_int4_delegate_matches_torchao_reference(name, lowered):
     group_size = REGISTRY[name].qlinear_group_size
     for seed in (0, 1):
         x = low.inputs[0] if seed == 0 else torch.randn(low.inputs[0].shape)
-        [got] = _run(low.pte, [x])
+        [got] = low.execute([x])
         want = int4_linear_reference(float_module.linear, x, group_size)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     # and the quantization is real: the float module's output differs
@@ -81,7 +72,7 @@ def test_int4_weights_stay_packed_in_the_program_and_at_run_time(lowered):
 
     bridge.bind(SHIM, spy)
     try:
-        _run(low.pte, low.inputs)
+        low.execute(low.inputs)
     finally:
         bridge.bind(SHIM, original)
     assert seen == [(torch.uint8, (n, k // 2), False, 32)]

@@ -8,16 +8,7 @@ import torch
 
 from etmetal.examples import strided_views
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
-from etmetal.runtime import Runtime
 from etmetal.shims import memory_stats
-
-
-def _run(pte: bytes, inputs) -> list[torch.Tensor]:
-    method = Runtime.get().load_program(pte, trust_native_code=True).load_method("forward")
-    try:
-        return method.execute(list(inputs))
-    finally:
-        method.destroy()
 
 
 def _fresh_like(inputs, seed: int) -> tuple[torch.Tensor, ...]:
@@ -41,7 +32,7 @@ def test_registry_module_matches_eager(name, lowered):
         with torch.no_grad():
             expected = low.module(*inputs)
         expected = expected if isinstance(expected, (tuple, list)) else [expected]
-        got = _run(low.pte, inputs)
+        got = low.execute(inputs)
         assert len(got) == len(expected)
         for g, e in zip(got, expected):
             assert g.shape == e.shape and g.dtype == e.dtype
@@ -62,7 +53,7 @@ def test_strided_view_model_matches_eager(name, lowered):
         inputs = low.inputs if seed == 0 else _fresh_like(low.inputs, seed)
         with torch.no_grad():
             expected = low.module(*inputs)
-        [got] = _run(low.pte, inputs)
+        [got] = low.execute(inputs)
         assert got.shape == expected.shape
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert memory_stats().storages == 0

@@ -9,23 +9,32 @@ import subprocess
 import sys
 import warnings
 
+import pytest
 import torch
 
 from etmetal.examples.demo import DEMO_MODELS
 from etmetal.scripts import quiet
+from etmetal.scripts.cli import COMMANDS
 
 # a Python warning ("...Warning: ..."), torch's glog-style log lines ("W1130 12:00:00...")
 # and torchao's library-load complaints
 WARNING_LINE = re.compile(r"(^|[\s:])\w*Warning: |^[WE]\d{4} \d\d:|Failed to load")
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """``etmetal ARGS`` in a fresh interpreter, with no PYTHONWARNINGS of the caller's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
+    cmd = [sys.executable, "-m", "etmetal.scripts", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+
 def test_demo_prints_no_warning_line(tmp_path):
     # one demo model and one view_copy case: every stage of the demo (export, lowering
     # with the partitioner, AOTI from the shared cache, etmetal's runtime, the stock runtime)
-    cmd = [sys.executable, "-m", "etmetal.scripts", "demo", "--runs", "2"]
-    cmd += ["--model", "patch_embedding", "--case", "patch_embed", "--out-dir", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = _cli(
+        *("demo", "--runs", "2", "--model", "patch_embedding", "--case", "patch_embed"),
+        *("--out-dir", str(tmp_path)),
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     warning_lines = [line for line in output.splitlines() if WARNING_LINE.search(line)]
@@ -36,12 +45,25 @@ def test_demo_prints_no_warning_line(tmp_path):
     assert "etmetal: 4/4 exact" in proc.stdout
 
 
+# ``bench --help`` imports every benchmark suite, torchao with them: torchao's import logs
+# through torch's pytree logger, whose level torch's own import had reset
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_prints_no_warning_line(command):
+    args = ["--help"] if command is None else [command, "--help"]
+    proc = _cli(*args)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert [line for line in output.splitlines() if WARNING_LINE.search(line)] == []
+    assert proc.stdout.startswith("usage: etmetal")  # the help itself is still printed
+    assert proc.stderr == ""
+
+
 def test_demo_on_the_emulated_metal_target_runs_every_model_quietly(tmp_path):
     # every demo model lowered with Inductor's real Metal code, run on the emulated device
-    cmd = [sys.executable, "-m", "etmetal.scripts", "demo", "--target", "mps_emulated"]
-    cmd += ["--runs", "2", "--no-view-copy", "--out-dir", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARNINGS")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = _cli(
+        *("demo", "--target", "mps_emulated", "--runs", "2", "--no-view-copy"),
+        *("--out-dir", str(tmp_path)),
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert [line for line in output.splitlines() if WARNING_LINE.search(line)] == []

@@ -32,11 +32,17 @@ from etmetal.shims.dtypes import DEVICE_CODES
 
 SHIMS_DIR = Path(etmetal.shims.__file__).parent
 MODULES = sorted(p.stem for p in SHIMS_DIR.glob("*.py") if p.stem != "__init__")
+# every module of the package, its subpackages' too (``metal.msl``)
+ALL_MODULES = sorted(
+    ".".join(p.relative_to(SHIMS_DIR).with_suffix("").parts).removesuffix(".__init__")
+    for p in SHIMS_DIR.rglob("*.py")
+    if p.name != "__init__.py" or p.parent != SHIMS_DIR
+)
 FLOAT32 = 6
 XPU = DEVICE_CODES["xpu"]  # a device no context has built in
 
 
-@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("module", ALL_MODULES)
 def test_each_shims_module_imports_alone(module):
     """A fresh interpreter imports the module first: no import cycle can leave it half-made."""
     proc = subprocess.run(

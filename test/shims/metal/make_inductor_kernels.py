@@ -3,8 +3,9 @@
 Each case of ``inductor_cases.CASES`` is exported with ``mps`` fake inputs and compiled by
 AOTInductor for ``mps`` (``package_cpp_only``), with the patches that let the mps codegen run on
 Linux scoped to the compile. From the wrapper ``.cpp`` it keeps each shader library's source
-(c10's pasted headers stored as the ``#include`` lines they came from, plus the sha256 of the
-whole source so the test can check it rebuilt the exact text) and the launch sequence: buffer
+(c10's pasted headers stored as the names of the ``#include`` lines they came from, read
+back from the installed torch by ``c10_headers``, plus the sha256 of the whole source so the
+test can check it rebuilt the exact text) and the launch sequence: buffer
 allocations, ``set_arg_tensor`` indices, thread and threadgroup sizes, outputs.
 
     python test/shims/metal/make_inductor_kernels.py [case ...]
@@ -28,6 +29,7 @@ import torch._inductor.fx_passes.joint_graph as joint_graph
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, str(Path(__file__).parent))
+from c10_headers import include_names  # noqa: E402
 from inductor_cases import CASES, specs  # noqa: E402
 
 OUT = Path(__file__).parent / "inductor_kernels.json"
@@ -69,14 +71,12 @@ def wrapper_source(name: str) -> str:
         return z.read(cpp).decode()
 
 
-def split_library(src: str, blocks: dict[str, str]) -> dict:
-    """The source as (c10's pasted headers, the kernel): the header text, shared by most
-    libraries, is stored once in ``blocks`` under its sha256."""
+def split_library(src: str) -> dict:
+    """The source as (the names of c10's pasted headers, the kernel): the headers' text is
+    torch's, read from the installed torch when the test runs, not stored here."""
     m = re.search(r"^[^\n]*(\[\[max_total_threads_per_threadgroup|kernel void)", src, re.M)
     head, kernel = src[: m.start()], src[m.start() :]
-    key = hashlib.sha256(head.encode()).hexdigest()[:16]
-    blocks[key] = head
-    return {"headers": key, "kernel": kernel}
+    return {"includes": include_names(head), "kernel": kernel}
 
 
 def _numbers(text: str) -> list[int]:
@@ -143,7 +143,7 @@ def launches(cpp: str) -> dict:
 
 
 def main(names: list[str]) -> None:
-    data = json.loads(OUT.read_text()) if OUT.exists() else {"headers": {}, "cases": {}}
+    data = json.loads(OUT.read_text()) if OUT.exists() else {"cases": {}}
     for name in names or list(CASES):
         try:
             cpp = wrapper_source(name)
@@ -156,13 +156,11 @@ def main(names: list[str]) -> None:
             r'const char\* (mps_lib_\d+)_source = \(R"MTL\((.*?)\)MTL"\);', cpp, re.S
         ):
             libs[lib] = {
-                **split_library(src, data["headers"]),
+                **split_library(src),
                 "sha256": hashlib.sha256(src.encode()).hexdigest(),
             }
         data["cases"][name] = {"torch": torch.__version__, "libraries": libs, **replay}
         print(name, len(libs), "libraries", flush=True)
-        used = {lib["headers"] for c in data["cases"].values() for lib in c["libraries"].values()}
-        data["headers"] = {k: v for k, v in data["headers"].items() if k in used}
         OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 

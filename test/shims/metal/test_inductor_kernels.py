@@ -2,11 +2,14 @@
 ``make_inductor_kernels.py``) executed by etmetal's MSL executor, compared with eager PyTorch.
 
 The fixture replays each wrapper's launch sequence: the same buffers, ``set_arg_tensor``
-indices, thread counts and threadgroup sizes Inductor chose. The cases cover threadgroup
-reductions over several SIMD groups and threadgroups with partial SIMD groups (softmax and
-layer_norm and rms_norm over 1,000+ elements, var_mean, sum/amax/log_softmax over a non-last
-dim, argmax, an int64 amin), float16/bfloat16 kernels, integer arithmetic, and elementwise
-kernels (erf-based gelu, pow/atan2/where) dispatched without a group size.
+indices, thread counts and threadgroup sizes Inductor chose. It names the c10 headers each
+library includes; their text is read from the installed torch (``c10_headers``).
+
+The cases cover threadgroup reductions over several SIMD groups and threadgroups with partial
+SIMD groups (softmax and layer_norm and rms_norm over 1,000+ elements, var_mean,
+sum/amax/log_softmax over a non-last dim, argmax, an int64 amin), float16/bfloat16 kernels,
+integer arithmetic, and elementwise kernels (erf-based gelu, pow/atan2/where) dispatched
+without a group size.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ import torch
 from etmetal.shims.metal import compile_library
 
 sys.path.insert(0, str(Path(__file__).parent))
+from c10_headers import expand  # noqa: E402
 from inductor_cases import CASES, inputs  # noqa: E402
 
 DATA = json.loads((Path(__file__).parent / "inductor_kernels.json").read_text())
 
 
 def library_source(lib: dict) -> str:
-    src = DATA["headers"][lib["headers"]] + lib["kernel"]
+    # c10's headers from the installed torch, pasted as Inductor pastes them
+    src = expand(lib["includes"]) + lib["kernel"]
     # the text Inductor generated, byte for byte
     assert hashlib.sha256(src.encode()).hexdigest() == lib["sha256"]
     return src
