@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ from .model_run import AotiModelError, ModelRuns
 from .native import NativeBuildError, link_wrapper, undefined_symbols
 from .proxy_executor import ExternNodeError, ProxyExecutor
 from .steady_run import SteadyRun
-from .storage import HostAllocator, Tensor
+from .storage import HostAllocator, ShimError, Tensor
 
 # devices a model container can be created for (the device string AOTI parses)
 DEVICES = {"cpu": DEVICE_CODES["cpu"], "mps": DEVICE_CODES["mps"]}
