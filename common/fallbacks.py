@@ -36,6 +36,10 @@ FALLBACKS: dict[str, tuple[str, frozenset[str]]] = {
             "max_pool2d_with_indices",
             # Inductor's CPU decomposition of aten.lstm runs each layer in oneDNN
             "mkldnn_rnn_layer",
+            # scans Inductor leaves to ATen (bool/integer inputs: HF decoders' position ids)
+            "cumsum",
+            "cumprod",
+            "logcumsumexp",
         },
     ),
     "mps": (

@@ -18,8 +18,16 @@ from etmetal.common.fallbacks import all_fallback_shims
 
 from .core import adopt_result
 from .custom_fallbacks import CUSTOM_IMPLEMENTATIONS
-from .dtypes import DEVICE_CODES, DEVICE_CPU
-from .registry import need_out, read_f64, read_i64s, read_opt_i64, read_ptr, shim_as
+from .dtypes import DEVICE_CODES, DEVICE_CPU, DTYPE_TO_TORCH
+from .registry import (
+    need_out,
+    read_f64,
+    read_i32s,
+    read_i64s,
+    read_opt_i64,
+    read_ptr,
+    shim_as,
+)
 from .storage import ShimError, is_packed
 
 aten = torch.ops.aten
@@ -115,6 +123,28 @@ def topk(ctx, self, k, dim, largest, sorted, ret0, ret1, *, device):
     values, indices = torch.topk(x, k, dim, bool(largest), bool(sorted))
     _ret(ctx, ret0, values, "ret0", device)
     _ret(ctx, ret1, indices, "ret1", device)
+
+
+def _scan(op, with_dtype: bool):
+    """``cumsum`` / ``cumprod`` (optional result dtype) and ``logcumsumexp``: Inductor leaves
+    scans over bool/integer inputs, or long ones, to ATen (HF decoders' position ids)."""
+
+    def scan(ctx, self, dim, *rest, device):
+        *dtype_ptr, ret0 = rest
+        need_out((ret0, "ret0"))
+        x = _in(ctx, self, "self")
+        if x.dim() and not -x.dim() <= dim < x.dim():
+            raise ShimError(f"{op.__name__}: dim {dim} out of range for a {x.dim()}-d tensor")
+        kwargs = {}
+        if with_dtype:
+            code = read_i32s(dtype_ptr[0], 1, "dtype")[0] if dtype_ptr[0] else None
+            if code is not None:
+                if code not in DTYPE_TO_TORCH:
+                    raise ShimError(f"{op.__name__}: unknown dtype code {code}")
+                kwargs["dtype"] = DTYPE_TO_TORCH[code]
+        _ret(ctx, ret0, op(x, dim, **kwargs), "ret0", device)
+
+    return scan
 
 
 def convolution(
@@ -348,6 +378,9 @@ IMPLEMENTATIONS = {
     "avg_pool2d": _avg_pool(aten.avg_pool2d),
     "avg_pool3d": _avg_pool(aten.avg_pool3d),
     "mkldnn_rnn_layer": mkldnn_rnn_layer,
+    "cumsum": _scan(torch.cumsum, with_dtype=True),
+    "cumprod": _scan(torch.cumprod, with_dtype=True),
+    "logcumsumexp": _scan(torch.logcumsumexp, with_dtype=False),
     "_scaled_dot_product_flash_attention_for_cpu": sdpa_flash_for_cpu,
     "_scaled_dot_product_attention_math_for_mps": sdpa_math_for_mps,
     "_scaled_dot_product_attention_math_for_mps_v2": sdpa_math_for_mps_v2,

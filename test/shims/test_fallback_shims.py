@@ -67,3 +67,47 @@ def test_mps_attention_v2_with_grouped_query_heads_matches_eager(cdrv):
     torch.testing.assert_close(_t(cdrv, r0.value), want, atol=1e-5, rtol=1e-5)
     for h in (*hs, r0.value, r1.value):
         assert cdrv.delete(h) == 0
+
+
+def _int_tensor(cdrv, t: torch.Tensor, code: int) -> int:
+    h = cdrv.empty(tuple(t.shape), tuple(t.stride()), dtype=code)
+    cdrv.write(h, t.numpy())
+    return h
+
+
+def test_cumsum_of_an_int_mask_with_and_without_a_result_dtype_matches_eager(cdrv):
+    # the shape of an HF decoder's position ids: cumsum over a 0/1 mask
+    mask = (torch.rand(2, 9) > 0.3).to(torch.int32)
+    hx = _int_tensor(cdrv, mask, 3)  # c10 Int
+    r0, r1 = ctypes.c_void_p(), ctypes.c_void_p()
+    as_long = ctypes.c_int32(4)  # c10 Long
+    assert cdrv.lib.aoti_torch_cpu_cumsum(hx, 1, ctypes.byref(as_long), ctypes.byref(r0)) == 0
+    assert cdrv.lib.aoti_torch_cpu_cumsum(hx, -1, None, ctypes.byref(r1)) == 0, last_error()
+    assert cdrv.geometry(r0.value)[2] == 4 and cdrv.geometry(r1.value)[2] == 4  # int promotes
+    want = torch.cumsum(mask, 1)
+    assert torch.equal(torch.from_numpy(cdrv.read(r0.value, np.int64)), want)
+    assert torch.equal(torch.from_numpy(cdrv.read(r1.value, np.int64)), want)
+    for h in (hx, r0.value, r1.value):
+        assert cdrv.delete(h) == 0
+
+
+def test_cumprod_and_logcumsumexp_match_eager(cdrv):
+    x = torch.rand(3, 5) + 0.5
+    hx, r0, r1 = cdrv.from_torch(x), ctypes.c_void_p(), ctypes.c_void_p()
+    assert cdrv.lib.aoti_torch_cpu_cumprod(hx, 0, None, ctypes.byref(r0)) == 0, last_error()
+    assert cdrv.lib.aoti_torch_cpu_logcumsumexp(hx, 1, ctypes.byref(r1)) == 0, last_error()
+    torch.testing.assert_close(_t(cdrv, r0.value), torch.cumprod(x, 0))
+    torch.testing.assert_close(_t(cdrv, r1.value), torch.logcumsumexp(x, 1))
+    for h in (hx, r0.value, r1.value):
+        assert cdrv.delete(h) == 0
+
+
+def test_scan_with_a_bad_dim_or_dtype_code_is_an_error_naming_it(cdrv):
+    hx, r0 = cdrv.from_torch(torch.ones(2, 3)), ctypes.c_void_p()
+    cdrv.expect_failure("aoti_torch_cpu_cumsum", hx, 2, None, ctypes.byref(r0), mentions="dim 2")
+    bad = ctypes.c_int32(999)
+    cdrv.expect_failure(
+        "aoti_torch_cpu_cumsum", hx, 0, ctypes.byref(bad), ctypes.byref(r0), mentions="999"
+    )
+    assert r0.value is None
+    assert cdrv.delete(hx) == 0
