@@ -8,6 +8,7 @@ builders wait on the entry's lock and agree on one result.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -130,3 +131,16 @@ def build_sources(
     return build_files(
         kind, lib_name, files, compiled, lang=lang, flags=flags, link=link, root=root
     )
+
+
+def load_checked(path: Path, constant: str, expected: int, meaning: str) -> ctypes.CDLL:
+    """Load a built library locally and check that its ``int constant(void)`` equals the
+    Python side's ``expected`` (a limit both sides must agree on, ``meaning`` names it)."""
+    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+    getter = getattr(lib, constant)
+    getter.restype = ctypes.c_int
+    if getter() != expected:
+        raise NativeBuildError(
+            f"{path.name}: {constant}() is {getter()}, the Python side's {meaning} is {expected}"
+        )
+    return lib

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from etmetal.common import lowbit
-from etmetal.common.native_build import WARNINGS, NativeBuildError, build_sources
+from etmetal.common.native_build import WARNINGS, build_sources, load_checked
 
 SOURCE = Path(__file__).with_name("int4_linear.c")
 MAX_GROUP = max(lowbit.GROUP_SIZES)  # ETM_INT4_MAX_GROUP, checked at load
@@ -36,13 +36,7 @@ def _kernels():
     path = build_sources(
         "kernels", "libetmetal_int4_linear.so", (SOURCE,), flags=("-O3", "-std=c11", *WARNINGS)
     )
-    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-    lib.etm_int4_max_group.restype = ctypes.c_int
-    if lib.etm_int4_max_group() != MAX_GROUP:
-        raise NativeBuildError(
-            f"{SOURCE}: ETM_INT4_MAX_GROUP is {lib.etm_int4_max_group()}, lowbit's largest "
-            f"group size is {MAX_GROUP}"
-        )
+    lib = load_checked(path, "etm_int4_max_group", MAX_GROUP, "largest lowbit group size")
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     dot = lib.etm_int4_linear_f32
     dot.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, p]

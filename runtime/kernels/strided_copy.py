@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ...common.native_build import WARNINGS, NativeBuildError, build_sources
+from ...common.native_build import WARNINGS, NativeBuildError, build_sources, load_checked
 
 MAX_DIMS = 16  # MAXD of native/strided_copy.c; checked against it at load
 
@@ -42,13 +42,7 @@ def _function():
         HEADERS,
         flags=("-O3", "-std=c11", *WARNINGS),
     )
-    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
-    lib.etm_strided_copy_max_dims.restype = ctypes.c_int
-    if lib.etm_strided_copy_max_dims() != MAX_DIMS:
-        raise NativeBuildError(
-            f"{SOURCES[0]}: MAXD is {lib.etm_strided_copy_max_dims()}, "
-            f"strided_copy.MAX_DIMS is {MAX_DIMS}"
-        )
+    lib = load_checked(path, "etm_strided_copy_max_dims", MAX_DIMS, "strided_copy.MAX_DIMS")
     p = ctypes.c_void_p
     fns = []
     for name in ("etm_strided_copy", "etm_gather_contiguous"):

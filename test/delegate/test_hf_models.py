@@ -14,34 +14,29 @@ import transformers
 SEQ = 12
 
 
-def _llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(cfg), (torch.randint(0, 128, (1, SEQ)),)
-
-
-def _gpt2():
-    cfg = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64)
-    return transformers.GPT2LMHeadModel(cfg), (torch.randint(0, 128, (1, SEQ)),)
-
-
-def _bert():
-    cfg = transformers.BertConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-    )
-    return transformers.BertModel(cfg), (torch.randint(0, 128, (2, SEQ)),)
+# name -> (config class, model class, config arguments, input batch); transformer sizes
+# shrunk to seconds of compile, vocabulary 128
+_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+MODELS = {
+    "llama": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(_SMALL, num_key_value_heads=2, max_position_embeddings=64),  # grouped-query
+        1,
+    ),
+    "gpt2": (
+        transformers.GPT2Config,
+        transformers.GPT2LMHeadModel,
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
+        1,
+    ),
+    "bert": (
+        transformers.BertConfig,
+        transformers.BertModel,
+        dict(_SMALL, max_position_embeddings=64),
+        2,
+    ),
+}
 
 
 class _Logits(torch.nn.Module):
@@ -57,14 +52,15 @@ class _Logits(torch.nn.Module):
         return self.model(ids, return_dict=True).last_hidden_state
 
 
-@pytest.mark.parametrize("make", [_llama, _gpt2, _bert], ids=["llama", "gpt2", "bert"])
-def test_small_hf_model_runs_whole_in_one_delegate_and_matches_eager(lowered, make):
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_small_hf_model_runs_whole_in_one_delegate_and_matches_eager(lowered, name):
     def build():
         torch.manual_seed(0)
-        model, inputs = make()
-        return _Logits(model.eval()), inputs
+        config_class, model_class, config, batch = MODELS[name]
+        model = model_class(config_class(vocab_size=128, **config))
+        return _Logits(model.eval()), (torch.randint(0, 128, (batch, SEQ)),)
 
-    low = lowered(f"hf_{make.__name__}", build)
+    low = lowered(f"hf_{name}", build)
     report = low.partitioner.reports[-1]
     assert not report.kept_out, report.kept_out
     assert len(report.partitions) == 1
