@@ -109,8 +109,8 @@ def test_preprocess_accepts_proxy_calls_only_for_etmetals_runtime():
     assert unsupported_externs(so, "host", "etmetal") == []
     [missing] = unsupported_externs(so, "host", "upstream")
     assert "proxy executor" in missing and "runtime='etmetal'" in missing
-    assert unsupported_externs(so.replace(b"cpu_mm_out", b"cpu_cumsum"), "host", "etmetal") == [
-        "aoti_torch_cpu_cumsum"
+    assert unsupported_externs(so.replace(b"cpu_mm_out", b"cpu_cummax"), "host", "etmetal") == [
+        "aoti_torch_cpu_cummax"
     ]
     with pytest.raises(ValueError, match="ExecuTorch's Metal runtime"):
         resolve_runtime("etmetal", "mps")
