@@ -206,7 +206,7 @@ def test_blobs_from_an_external_data_file(linear_any, private_tmp, tmp_path):
 
 
 def test_inputs_are_borrowed_not_copied(linear, monkeypatch):
-    from etmetal.shims import model as shim_model
+    from etmetal.shims import model_run as shim_model
 
     seen: list[tuple[int, bool]] = []
     describe = shim_model.tensor_from_torch

@@ -93,12 +93,12 @@ def test_target_from_compile_spec_and_extra_specs_are_kept():
 
 # -- what goes in --------------------------------------------------------------
 class Sandwich(nn.Module):
-    """x -> mul -> cumsum (kept out on host) -> add, plus mul feeding add directly:
+    """x -> mul -> sort (kept out on host) -> add, plus mul feeding add directly:
     one partition {mul, add} would not be convex."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = x * 3.0
-        b = torch.cumsum(a, dim=-1)
+        b = torch.sort(a, dim=-1).values
         return torch.relu(b) + a
 
 
@@ -111,14 +111,14 @@ def test_partitions_are_convex_and_kept_out_ops_are_logged(caplog):
     assert len(tags) == 2 == len(result.partition_tags)
     for names in tags.values():
         assert is_convex(result.tagged_exported_program, names)
-    cumsum = [n for n in ep.graph.nodes if "cumsum" in str(n.target)]
-    assert cumsum and "delegation_tag" not in cumsum[0].meta
+    sort = [n for n in ep.graph.nodes if "sort" in str(n.target)]
+    assert sort and "delegation_tag" not in sort[0].meta
     lines = [r.getMessage() for r in caplog.records if "keeping" in r.getMessage()]
-    assert len(lines) == 1 and "aten.cumsum.default" in lines[0]
-    assert "aoti_torch_cpu_cumsum" in lines[0]
+    assert len(lines) == 1 and "aten.sort.default" in lines[0]
+    assert "aoti_torch_cpu_sort_stable" in lines[0]
     report = partitioner.report
-    assert report.kept_out_ops == {"aten.cumsum.default": 1}
-    assert "kept out: aten.cumsum.default" in report.text()
+    assert report.kept_out_ops == {"aten.sort.default": 1}
+    assert "kept out: aten.sort.default" in report.text()
 
 
 class WithConstants(nn.Module):
@@ -131,8 +131,8 @@ class WithConstants(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * self.inner + self.shared
-        # cumsum is kept out; `shared` feeds both sides, `outside` only the cumsum
-        return y + torch.cumsum(self.outside, dim=0) + torch.cumsum(self.shared, dim=0)
+        # sort is kept out; `shared` feeds both sides, `outside` only the sort
+        return y + torch.sort(self.outside, dim=0).values + torch.sort(self.shared, dim=0).values
 
 
 def test_constants_are_tagged_with_their_partition():
@@ -155,12 +155,12 @@ def test_constants_are_tagged_with_their_partition():
 
 
 def test_no_delegatable_op_warns_with_what_to_change():
-    class OnlyCumsum(nn.Module):
+    class OnlySort(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.cumsum(x, dim=0)
+            return torch.sort(x, dim=0).values
 
-    ep = torch.export.export(OnlyCumsum(), (torch.randn(4, 3),))
-    with pytest.warns(UserWarning, match=r"found no operator it can delegate.*cumsum.*replace"):
+    ep = torch.export.export(OnlySort(), (torch.randn(4, 3),))
+    with pytest.warns(UserWarning, match=r"found no operator it can delegate.*sort.*replace"):
         edge = to_edge_transform_and_lower(ep, partitioner=[MetalPartitioner(target="host")])
     assert not edge.to_executorch().executorch_program.execution_plan[0].delegates
 
