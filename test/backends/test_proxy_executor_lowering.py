@@ -48,6 +48,14 @@ def _proxy_calls() -> int:
     return sum(e.calls for e in default_context().proxy_executors.values())
 
 
+def _load_and_run(pte: bytes, x: torch.Tensor):
+    """Load ``forward``, run it once on ``x``: (method, output, proxy-executor calls made)."""
+    method = Runtime.get().load_program(pte, trust_native_code=True).load_method("forward")
+    before = _proxy_calls()
+    [got] = method.execute([x])
+    return method, got, _proxy_calls() - before
+
+
 @pytest.mark.parametrize("target", ["host", "mps_emulated"])
 def test_ops_without_c_shim_run_delegated_through_the_proxy_executor(target):
     module, x = Upsampler().eval(), torch.randn(1, 3, 5, 6)
@@ -59,12 +67,8 @@ def test_ops_without_c_shim_run_delegated_through_the_proxy_executor(target):
     [table] = _extern_keys(program.buffer)  # the table travels in the named data
     [delegate] = metal_delegates(program.buffer)
     assert delegate.extern_nodes_key == table  # on the processed bytes' third line
-    method = Runtime.get().load_program(program.buffer, trust_native_code=True)
-    method = method.load_method("forward")
-    before = _proxy_calls()
-    [got] = method.execute([x])
-    # both the upsample and the custom op went through the proxy executor
-    assert _proxy_calls() - before == 2
+    method, got, calls = _load_and_run(program.buffer, x)
+    assert calls == 2  # both the upsample and the custom op went through the proxy executor
     with torch.no_grad():
         torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
     x2 = torch.randn(1, 3, 5, 6)  # a second run with other data
@@ -147,10 +151,7 @@ def test_shared_weights_and_the_extern_node_table_together(share):
         assert delegate.constants[key][: len(weight)] == weight
     else:
         assert weight in delegate.weights
-    method = Runtime.get().load_program(program.buffer, trust_native_code=True)
-    method = method.load_method("forward")
-    before = _proxy_calls()
-    [got] = method.execute([x])
-    assert _proxy_calls() - before == 1
+    _, got, calls = _load_and_run(program.buffer, x)
+    assert calls == 1
     with torch.no_grad():
         torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
