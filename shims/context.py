@@ -104,8 +104,13 @@ class ShimContext(HandleTable):
         self.shims: dict[str, Callable] = dict(SHIMS)
         # "view": _reinterpret_tensor keeps views in the parent's storage (correct);
         # "seed": copy non-packed views into a new buffer (upstream Metal's behaviour).
-        # Outside runs it is the context's default; a run holds its model's policy.
+        # The policy of shim calls made outside any model's run (``c_api``); a model's
+        # calls follow the model's own ``materialize`` (``policy``).
         self.materialize = "view"
+        # the model whose container call is in progress (its run, or its creation and
+        # constant load), None between them: part of the run's record. Shims read the
+        # policy from it (``running.materialize``); nothing context-wide is swapped
+        self.running: object | None = None
         self.grad_enabled = False
         self.error = ""  # message of the most recent failed shim call
         self.errors = 0

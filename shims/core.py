@@ -1,7 +1,8 @@
 """Tensor lifetime, views, copies and getters: the ``aoti_torch_*`` shims every wrapper calls.
 
-Every shim takes its ``ShimContext`` first (``registry``): handles, allocators and the
-materialize policy are the context's.
+Every shim takes its ``ShimContext`` first (``registry``): handles and allocators are the
+context's; the materialize policy is the running model's (``ShimContext.running``), or the
+context's for calls made outside a model's run.
 """
 
 from __future__ import annotations
@@ -201,7 +202,9 @@ def aoti_torch__reinterpret_tensor(ctx, self, ndim, sizes_ptr, strides_ptr, offs
     _check_geometry(sizes, strides)
     offset = base.offset + offset_increment
     _check_fits(base.storage, base.dtype, sizes, strides, offset)
-    if ctx.materialize == "seed" and not is_packed(sizes, strides):
+    running = ctx.running  # the model being run carries its policy; else the context's
+    mode = ctx.materialize if running is None else running.materialize
+    if mode == "seed" and not is_packed(sizes, strides):
         ctx.emit(ret, _seed_materialize(ctx, base, sizes, strides, offset), "ret_new_tensor")
         return
     ctx.emit(ret, Tensor(base.storage, base.dtype, sizes, strides, offset), "ret_new_tensor")

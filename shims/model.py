@@ -95,7 +95,8 @@ class AotiModel(ModelRuns):
     input is an error, not an out-of-bounds read. Nothing here sets
     ``AOTI_RUNTIME_CHECK_INPUTS``; a ``.so`` built elsewhere reads it as built.
     ``context``: the ``ShimContext`` whose shims serve this model (default: the default
-    context); the policy is the model's own, held by the context only while it runs.
+    context); the policy is the model's own: while the model's container runs, the
+    context records the model as ``running`` and the shims read the policy from it.
     ``extern_nodes``: the extern-node table (JSON) AOTI wrote next to the ``.so``; a
     ``.so`` that calls ``aoti_torch_proxy_executor_call_function`` (operators without a
     C shim) needs it, and its runs then pass a proxy executor handle
@@ -176,7 +177,9 @@ class AotiModel(ModelRuns):
         ctx.model_opened(self)
         self._counted = True
         with ctx.run_lock:
-            previous, ctx.materialize = ctx.materialize, self.materialize
+            if ctx.running is not None:
+                raise self._nested_run(ctx.running)
+            ctx.running = self  # creation and constant loading follow this model's policy
             try:
                 take_unchecked_error(ctx)
                 self._create()
@@ -186,7 +189,7 @@ class AotiModel(ModelRuns):
                     self.close()
                     raise
             finally:
-                ctx.materialize = previous
+                ctx.running = None
 
     def _bind_api(self) -> None:
         lib, vp, sz = self._lib, ctypes.c_void_p, ctypes.c_size_t

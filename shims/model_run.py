@@ -118,8 +118,9 @@ class ModelRuns:
             )
         ctx = self.context
         with ctx.run_lock:
-            # the context holds this model's policy while it runs (shims read it there)
-            previous, ctx.materialize = ctx.materialize, self.materialize
+            if ctx.running is not None:
+                raise self._nested_run(ctx.running)
+            ctx.running = self  # the run's record: shims read this model's policy from it
             try:
                 ready = self._ready
                 if ready is not None:
@@ -134,7 +135,16 @@ class ModelRuns:
                 self._raise_unchecked("run")
                 return results
             finally:
-                ctx.materialize = previous
+                ctx.running = None
+
+    def _nested_run(self, running: object) -> AotiModelError:
+        """Runs of one context do not nest: a run started from inside another (a shim
+        callback running a model of the same context) would reuse the state of the one in
+        progress."""
+        return AotiModelError(
+            f"{self.so_path.name}: run started inside the run of "
+            f"{getattr(running, 'so_path', running)} in the same ShimContext"
+        )
 
     def _raise_unchecked(self, step: str) -> None:
         """Fail ``step`` if a shim whose return code the ``.so`` ignores failed during it

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ import etmetal.shims
 from etmetal.backends.aoti_compile import compile_exported_program
 from etmetal.shims import (
     AotiModel,
+    AotiModelError,
     BridgeError,
     Device,
     HostAllocator,
@@ -233,20 +235,52 @@ def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
 
 
 def test_seed_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
+    """Each model's runs follow its own policy, whatever the context's default (for calls
+    outside runs) says, and no run writes a context-wide policy."""
     expected, x, so_path, _, weights = chunk_cat
     ctx = default_context()
+    writes = []
+
+    class Spy(type(ctx)):
+        def __setattr__(self, name, value):
+            if name == "materialize":
+                writes.append(value)
+            super().__setattr__(name, value)
+
     ctx.host.fill_byte = 0xFF
+    ctx.__class__ = Spy
     try:
-        with (
-            AotiModel(so_path, weights, materialize="seed") as seed_model,
-            AotiModel(so_path, weights) as view_model,
-        ):
-            for _ in range(3):
-                assert torch.isnan(seed_model.run([x])[0]).all()
-                torch.testing.assert_close(view_model.run([x])[0], expected)
+        for default in ("seed", "view"):
+            ctx.set_materialize(default)
+            writes.clear()
+            with (
+                AotiModel(so_path, weights, materialize="seed") as seed_model,
+                AotiModel(so_path, weights) as view_model,
+            ):
+                for _ in range(3):  # first run, then steady runs
+                    assert torch.isnan(seed_model.run([x])[0]).all()
+                    torch.testing.assert_close(view_model.run([x])[0], expected)
+                    assert ctx.running is None
+            assert writes == []
+            assert ctx.materialize == default
     finally:
+        ctx.__class__ = ShimContext
+        ctx.set_materialize("view")
         ctx.host.fill_byte = None
-    assert ctx.materialize == "view"
+
+
+def test_a_run_inside_another_run_of_the_context_is_refused(chunk_cat):
+    expected, x, so_path, _, weights = chunk_cat
+    ctx = default_context()
+    with AotiModel(so_path, weights) as model:
+        # as if a shim callback of another model's run in progress had started this run
+        ctx.running = SimpleNamespace(so_path=Path("outer.so"), materialize="view")
+        try:
+            with pytest.raises(AotiModelError, match="inside the run of outer.so"):
+                model.run([x])
+        finally:
+            ctx.running = None
+        torch.testing.assert_close(model.run([x])[0], expected)
 
 
 def test_closing_the_last_model_of_one_context_keeps_the_other_contexts_cache(chunk_cat, other):
