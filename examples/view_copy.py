@@ -158,74 +158,61 @@ def _randn(*shape: int, memory_format: torch.memory_format = torch.contiguous_fo
     return torch.randn(*shape).to(memory_format=memory_format)
 
 
+DEFAULT = torch.contiguous_format
+BATCH = Dim("batch", min=1, max=8)
+
+
+def _case(
+    name: str,
+    make_module: Callable[[], nn.Module],
+    shape: tuple[int, ...],
+    layout: torch.memory_format,
+    description: str,
+    *,
+    run_shape: tuple[int, ...] | None = None,
+    **flags: bool,
+) -> ViewCopyCase:
+    """A case whose one input is random of ``shape`` in ``layout``; a ``run_shape`` makes
+    dim 0 a dynamic batch, exported at ``shape`` and run at ``run_shape``."""
+    return ViewCopyCase(
+        name=name,
+        make_module=make_module,
+        make_example_inputs=lambda: (_randn(*shape, memory_format=layout),),
+        dynamic_shapes=None if run_shape is None else ({0: BATCH},),
+        make_run_inputs=None
+        if run_shape is None
+        else (lambda: (_randn(*run_shape, memory_format=layout),)),
+        description=description,
+        **flags,
+    )
+
+
+# fmt: off
 CASES: list[ViewCopyCase] = [
-    ViewCopyCase(
-        name="patch_embed",
-        make_module=PatchEmbed,
-        make_example_inputs=lambda: (_randn(1, 3, 32, 32, memory_format=CL),),
-        description="ViT patch embedding: Conv2d(3, 8, 4, stride=4) on channels-last, "
-        "flatten(2).transpose(1, 2)",
-    ),
-    ViewCopyCase(
-        name="kws_frames",
-        make_module=KeywordSpottingCNN,
-        make_example_inputs=lambda: (_randn(1, 3, 49, 10, memory_format=CL),),
-        description="keyword-spotting CNN: channels-last conv features flattened per frame "
-        "-> linear head",
-    ),
-    ViewCopyCase(
-        name="kws_conv_head",
-        make_module=ConvHeadClassifier,
-        make_example_inputs=lambda: (_randn(1, 4, 6, 5, memory_format=CL),),
-        description="channels-last conv, depthwise conv to 1x1, flatten(1) -> linear",
-    ),
-    ViewCopyCase(
-        name="sliced",
-        bitwise=True,
-        make_module=SlicedView,
-        make_example_inputs=lambda: (_randn(2, 8, 6, 6),),
-        stock_safe=True,
-        description="reshape of a channel slice",
-    ),
-    ViewCopyCase(
-        name="permuted",
-        bitwise=True,
-        make_module=PermutedView,
-        make_example_inputs=lambda: (_randn(2, 8, 6, 5),),
-        stock_safe=True,
-        description="reshape of a transposed (H <-> W) tensor",
-    ),
-    ViewCopyCase(
-        name="dynamic_batch",
-        make_module=PatchEmbed,
-        make_example_inputs=lambda: (_randn(2, 3, 16, 16, memory_format=CL),),
-        dynamic_shapes=({0: Dim("batch", min=1, max=8)},),
-        make_run_inputs=lambda: (_randn(5, 3, 16, 16, memory_format=CL),),
-        description="patch embedding with a dynamic batch (exported at 2, run at 5)",
-    ),
-    ViewCopyCase(
-        name="channels_last_3d",
-        make_module=VideoTokens,
-        make_example_inputs=lambda: (_randn(1, 4, 3, 6, 6, memory_format=CL3D),),
-        description="5-D channels_last_3d clip: relu, flatten(2).transpose(1, 2) -> linear",
-    ),
-    ViewCopyCase(
-        name="contiguous",
-        make_module=ContiguousViews,
-        make_example_inputs=lambda: (_randn(3, 2, 3, 4),),
-        stock_safe=True,
-        description="row-major input and intermediates: every view is safe (control)",
-    ),
-    ViewCopyCase(
-        name="contiguous_dynamic",
-        make_module=ContiguousViews,
-        make_example_inputs=lambda: (_randn(3, 2, 3, 4),),
-        dynamic_shapes=({0: Dim("batch", min=1, max=8)},),
-        make_run_inputs=lambda: (_randn(6, 2, 3, 4),),
-        stock_safe=True,
-        description="the control case with a dynamic batch: views resized at run time (et_view)",
-    ),
+    _case("patch_embed", PatchEmbed, (1, 3, 32, 32), CL,
+          "ViT patch embedding: Conv2d(3, 8, 4, stride=4) on channels-last, "
+          "flatten(2).transpose(1, 2)"),
+    _case("kws_frames", KeywordSpottingCNN, (1, 3, 49, 10), CL,
+          "keyword-spotting CNN: channels-last conv features flattened per frame "
+          "-> linear head"),
+    _case("kws_conv_head", ConvHeadClassifier, (1, 4, 6, 5), CL,
+          "channels-last conv, depthwise conv to 1x1, flatten(1) -> linear"),
+    _case("sliced", SlicedView, (2, 8, 6, 6), DEFAULT,
+          "reshape of a channel slice", bitwise=True, stock_safe=True),
+    _case("permuted", PermutedView, (2, 8, 6, 5), DEFAULT,
+          "reshape of a transposed (H <-> W) tensor", bitwise=True, stock_safe=True),
+    _case("dynamic_batch", PatchEmbed, (2, 3, 16, 16), CL,
+          "patch embedding with a dynamic batch (exported at 2, run at 5)",
+          run_shape=(5, 3, 16, 16)),
+    _case("channels_last_3d", VideoTokens, (1, 4, 3, 6, 6), CL3D,
+          "5-D channels_last_3d clip: relu, flatten(2).transpose(1, 2) -> linear"),
+    _case("contiguous", ContiguousViews, (3, 2, 3, 4), DEFAULT,
+          "row-major input and intermediates: every view is safe (control)", stock_safe=True),
+    _case("contiguous_dynamic", ContiguousViews, (3, 2, 3, 4), DEFAULT,
+          "the control case with a dynamic batch: views resized at run time (et_view)",
+          run_shape=(6, 2, 3, 4), stock_safe=True),
 ]
+# fmt: on
 
 CASES_BY_NAME: dict[str, ViewCopyCase] = {case.name: case for case in CASES}
 

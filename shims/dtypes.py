@@ -35,25 +35,30 @@ DEVICE_CODES: dict[str, int] = {
 }
 DEVICE_CPU = DEVICE_CODES["cpu"]
 
+
+def _numbered(*names: str) -> dict[str, int]:
+    """name -> code of a c10 enum that numbers its members 0, 1, ... in declaration order."""
+    return {name: code for code, name in enumerate(names)}
+
+
 # c10::Layout
-LAYOUT_CODES: dict[str, int] = {
-    "strided": 0,
-    "sparse_coo": 1,
-    "sparse_csr": 2,
-    "_mkldnn": 3,
-    "sparse_csc": 4,
-    "sparse_bsr": 5,
-    "sparse_bsc": 6,
-    "jagged": 7,
-}
+LAYOUT_CODES = _numbered(
+    "strided", "sparse_coo", "sparse_csr", "_mkldnn", "sparse_csc", "sparse_bsr", "sparse_bsc",
+    "jagged",
+)  # fmt: skip
 LAYOUT_STRIDED = LAYOUT_CODES["strided"]
 
 # c10::MemoryFormat
-MEMORY_FORMAT_CODES: dict[str, int] = {
-    "contiguous_format": 0,
-    "preserve_format": 1,
-    "channels_last": 2,
-    "channels_last_3d": 3,
+MEMORY_FORMAT_CODES = _numbered(
+    "contiguous_format", "preserve_format", "channels_last", "channels_last_3d"
+)
+
+# the shims that just return a code: aoti_torch_<kind>_<name>
+_CONSTANT_TABLES = {
+    "dtype": DTYPE_CODES,
+    "device_type": DEVICE_CODES,
+    "layout": LAYOUT_CODES,
+    "memory_format": MEMORY_FORMAT_CODES,
 }
 
 
@@ -65,9 +70,10 @@ def abi_version() -> int:
 
 def constant_shims() -> dict[str, int]:
     """Every shim that just returns a code, with its value."""
-    out = {f"aoti_torch_dtype_{n}": v for n, v in DTYPE_CODES.items()}
-    out.update({f"aoti_torch_device_type_{n}": v for n, v in DEVICE_CODES.items()})
-    out.update({f"aoti_torch_layout_{n}": v for n, v in LAYOUT_CODES.items()})
-    out.update({f"aoti_torch_memory_format_{n}": v for n, v in MEMORY_FORMAT_CODES.items()})
+    out = {
+        f"aoti_torch_{kind}_{name}": code
+        for kind, table in _CONSTANT_TABLES.items()
+        for name, code in table.items()
+    }
     out["aoti_torch_abi_version"] = abi_version()
     return out

@@ -201,6 +201,15 @@ def _adaptive_avg_pool(op):
     return adaptive_avg_pool
 
 
+def _pool_window(kernel, kernel_len, stride, stride_len, pad, pad_len):
+    """A pooling shim's ``kernel_size``, ``stride`` and ``padding`` int arrays."""
+    return (
+        read_i64s(kernel, kernel_len, "kernel_size"),
+        read_i64s(stride, stride_len, "stride"),
+        read_i64s(pad, pad_len, "padding"),
+    )
+
+
 def _avg_pool(op):
     """``avg_pool{2,3}d``: Inductor calls ATen's for windows over 25 elements that overlap."""
 
@@ -226,9 +235,7 @@ def _avg_pool(op):
             raise ShimError(f"{op.__name__}: divisor_override must be non-zero")
         y = op(
             _in(ctx, self, "self"),
-            read_i64s(kernel, kernel_len, "kernel_size"),
-            read_i64s(stride, stride_len, "stride"),
-            read_i64s(pad, pad_len, "padding"),
+            *_pool_window(kernel, kernel_len, stride, stride_len, pad, pad_len),
             bool(ceil),
             bool(count_pad),
             divisor,
@@ -245,9 +252,7 @@ def max_pool2d_with_indices(
     need_out((ret0, "ret0"), (ret1, "ret1"))
     y, idx = aten.max_pool2d_with_indices(
         _in(ctx, self, "self"),
-        read_i64s(kernel, kernel_len, "kernel_size"),
-        read_i64s(stride, stride_len, "stride"),
-        read_i64s(pad, pad_len, "padding"),
+        *_pool_window(kernel, kernel_len, stride, stride_len, pad, pad_len),
         read_i64s(dil, dil_len, "dilation"),
         bool(ceil),
     )
@@ -264,14 +269,10 @@ def mkldnn_rnn_layer(
     need_out(*outs)
     if train:
         raise ShimError("mkldnn_rnn_layer: training mode is not supported at inference")
+    handles = (input, w0, w1, w2, w3, hx, cx)
+    names = ("input", "weight0", "weight1", "weight2", "weight3", "hx_", "cx_")  # ATen's
     results = aten.mkldnn_rnn_layer(
-        _in(ctx, input, "input"),
-        _in(ctx, w0, "weight0"),
-        _in(ctx, w1, "weight1"),
-        _in(ctx, w2, "weight2"),
-        _in(ctx, w3, "weight3"),
-        _in(ctx, hx, "hx_"),
-        _in(ctx, cx, "cx_"),
+        *(_in(ctx, handle, name) for handle, name in zip(handles, names)),
         bool(reverse),
         list(read_i64s(batch_sizes, batch_sizes_len, "batch_sizes")),
         mode,
@@ -286,23 +287,25 @@ def mkldnn_rnn_layer(
         _ret(ctx, addr, t, what, device)
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _qkv(ctx, query, key, value, dropout_p) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An attention shim's query, key and value, checked; dropout (training only) refused."""
+    q, k, v = _in(ctx, query, "query"), _in(ctx, key, "key"), _in(ctx, value, "value")
+    if dropout_p:
+        raise ShimError("attention: dropout is not supported at inference")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ShimError("attention: query, key and value must be 4-d (batch, heads, seq, dim)")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ShimError(
             f"attention: incompatible shapes q={list(q.shape)} k={list(k.shape)} v={list(v.shape)}"
         )
+    return q, k, v
 
 
 def sdpa_flash_for_cpu(
     ctx, query, key, value, dropout_p, is_causal, attn_mask, scale, ret0, ret1, *, device
 ):
     need_out((ret0, "ret0"), (ret1, "ret1"))
-    q, k, v = _in(ctx, query, "query"), _in(ctx, key, "key"), _in(ctx, value, "value")
-    _check_qkv(q, k, v)
-    if dropout_p:
-        raise ShimError("attention: dropout is not supported at inference")
+    q, k, v = _qkv(ctx, query, key, value, dropout_p)
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
         q,
         k,
@@ -343,10 +346,7 @@ def sdpa_math_for_mps_v2(
     device,
 ):
     need_out((ret0, "ret0"), (ret1, "ret1"))
-    q, k, v = _in(ctx, query, "query"), _in(ctx, key, "key"), _in(ctx, value, "value")
-    _check_qkv(q, k, v)
-    if dropout_p:
-        raise ShimError("attention: dropout is not supported at inference")
+    q, k, v = _qkv(ctx, query, key, value, dropout_p)
     out, attn = aten._scaled_dot_product_attention_math(
         q,
         k,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+from collections.abc import Callable
+from operator import attrgetter, methodcaller
 
 from .core import check_dtype, new_owned
 from .dtypes import DTYPE_CODES, ITEMSIZE, LAYOUT_STRIDED
@@ -16,40 +18,41 @@ from .storage import ShimError, Tensor, contiguous_strides
 # --- getters ------------------------------------------------------------------------------
 
 
-@shim
-def aoti_torch_get_data_ptr(ctx, tensor, ret_data_ptr):
-    put_ptr(ret_data_ptr, ctx.lookup(tensor).data_ptr, "ret_data_ptr")
+def _is_contiguous(t: Tensor) -> bool:
+    want = contiguous_strides(t.sizes)
+    return all(s == 1 or st == w for s, st, w in zip(t.sizes, t.strides, want))
 
 
-@shim
-def aoti_torch_get_storage_size(ctx, tensor, ret_size):
-    put_i64(ret_size, ctx.lookup(tensor).storage.nbytes, "ret_size")
+# the getters that write one property of a tensor:
+# C name -> (out-parameter, how it is written, what it reads off the tensor)
+_GETTERS: dict[str, tuple[str, Callable, Callable[[Tensor], object]]] = {
+    "aoti_torch_get_data_ptr": ("ret_data_ptr", put_ptr, attrgetter("data_ptr")),
+    "aoti_torch_get_storage_size": ("ret_size", put_i64, attrgetter("storage.nbytes")),
+    "aoti_torch_get_storage_numel": (
+        "ret_numel", put_i64, lambda t: t.storage.nbytes // t.itemsize
+    ),
+    "aoti_torch_get_dim": ("ret_dim", put_i64, lambda t: len(t.sizes)),
+    "aoti_torch_get_numel": ("ret_numel", put_i64, attrgetter("numel")),
+    "aoti_torch_get_sizes": ("ret_sizes", put_ptr, methodcaller("c_sizes")),
+    "aoti_torch_get_strides": ("ret_strides", put_ptr, methodcaller("c_strides")),
+    "aoti_torch_get_dtype": ("ret_dtype", put_i32, attrgetter("dtype")),
+    "aoti_torch_get_device_type": ("ret_device_type", put_i32, attrgetter("storage.device_type")),
+    "aoti_torch_get_device_index": ("ret_device_index", put_i32, lambda t: 0),
+    "aoti_torch_get_layout": ("ret_layout", put_i32, lambda t: LAYOUT_STRIDED),
+    "aoti_torch_get_storage_offset": ("ret_storage_offset", put_i64, attrgetter("offset")),
+    "aoti_torch_is_contiguous": ("ret_is_contiguous", put_bool, _is_contiguous),
+}  # fmt: skip
 
 
-@shim
-def aoti_torch_get_storage_numel(ctx, tensor, ret_numel):
-    t = ctx.lookup(tensor)
-    put_i64(ret_numel, t.storage.nbytes // t.itemsize, "ret_numel")
+def _getter(out_name: str, put: Callable, read: Callable[[Tensor], object]) -> Callable:
+    def getter(ctx, tensor, ret):
+        put(ret, read(ctx.lookup(tensor)), out_name)
+
+    return getter
 
 
-@shim
-def aoti_torch_get_dim(ctx, tensor, ret_dim):
-    put_i64(ret_dim, len(ctx.lookup(tensor).sizes), "ret_dim")
-
-
-@shim
-def aoti_torch_get_numel(ctx, tensor, ret_numel):
-    put_i64(ret_numel, ctx.lookup(tensor).numel, "ret_numel")
-
-
-@shim
-def aoti_torch_get_sizes(ctx, tensor, ret_sizes):
-    put_ptr(ret_sizes, ctx.lookup(tensor).c_sizes(), "ret_sizes")
-
-
-@shim
-def aoti_torch_get_strides(ctx, tensor, ret_strides):
-    put_ptr(ret_strides, ctx.lookup(tensor).c_strides(), "ret_strides")
+for _name, _spec in _GETTERS.items():
+    shim_as(_name, _getter(*_spec))
 
 
 def _dim(t: Tensor, d: int) -> int:
@@ -69,41 +72,6 @@ def aoti_torch_get_size(ctx, tensor, d, ret_size):
 def aoti_torch_get_stride(ctx, tensor, d, ret_stride):
     t = ctx.lookup(tensor)
     put_i64(ret_stride, t.strides[_dim(t, d)], "ret_stride")
-
-
-@shim
-def aoti_torch_get_dtype(ctx, tensor, ret_dtype):
-    put_i32(ret_dtype, ctx.lookup(tensor).dtype, "ret_dtype")
-
-
-@shim
-def aoti_torch_get_device_type(ctx, tensor, ret_device_type):
-    put_i32(ret_device_type, ctx.lookup(tensor).storage.device_type, "ret_device_type")
-
-
-@shim
-def aoti_torch_get_device_index(ctx, tensor, ret_device_index):
-    ctx.lookup(tensor)
-    put_i32(ret_device_index, 0, "ret_device_index")
-
-
-@shim
-def aoti_torch_get_layout(ctx, tensor, ret_layout):
-    ctx.lookup(tensor)
-    put_i32(ret_layout, LAYOUT_STRIDED, "ret_layout")
-
-
-@shim
-def aoti_torch_get_storage_offset(ctx, tensor, ret_storage_offset):
-    put_i64(ret_storage_offset, ctx.lookup(tensor).offset, "ret_storage_offset")
-
-
-@shim
-def aoti_torch_is_contiguous(ctx, tensor, ret_is_contiguous):
-    t = ctx.lookup(tensor)
-    want = contiguous_strides(t.sizes)
-    ok = all(s == 1 or st == w for s, st, w in zip(t.sizes, t.strides, want))
-    put_bool(ret_is_contiguous, ok, "ret_is_contiguous")
 
 
 @shim

@@ -163,9 +163,24 @@ constexpr decltype(auto) devec(const X& x) {
     return (x);
 }
 
-// The members of vec<T, N>'s union, by size.
-#define ETM_SW2(T, N, a, b, A, B) swz<T, N, A, B> a##b;
-#define ETM_SW3(T, N, a, b, c, A, B, C) swz<T, N, A, B, C> a##b##c;
+// The swizzle members of vec<T, N>'s union, one table: S(name, components...), grouped by
+// the highest component they name, so a vector of N components takes the groups up to N
+// (MSL lets a vector name any swizzle of its components).
+#define ETM_SWIZZLES_XY(S)                                                             \
+  S(xx, 0, 0) S(xy, 0, 1) S(yx, 1, 0) S(yy, 1, 1) S(xxx, 0, 0, 0) S(yyy, 1, 1, 1)      \
+  S(xyx, 0, 1, 0) S(xyy, 0, 1, 1) S(xxy, 0, 0, 1) S(xyxy, 0, 1, 0, 1) S(xxyy, 0, 0, 1, 1)
+#define ETM_SWIZZLES_Z(S)                                                              \
+  S(xz, 0, 2) S(yz, 1, 2) S(zx, 2, 0) S(zy, 2, 1) S(zz, 2, 2) S(zzz, 2, 2, 2)          \
+  S(xyz, 0, 1, 2) S(rgb, 0, 1, 2) S(zyx, 2, 1, 0) S(yzx, 1, 2, 0) S(zxy, 2, 0, 1)      \
+  S(xzy, 0, 2, 1) S(yxz, 1, 0, 2)
+#define ETM_SWIZZLES_W(S)                                                              \
+  S(xw, 0, 3) S(yw, 1, 3) S(zw, 2, 3) S(wx, 3, 0) S(wy, 3, 1) S(wz, 3, 2) S(ww, 3, 3)  \
+  S(yzw, 1, 2, 3) S(xyw, 0, 1, 3) S(xzw, 0, 2, 3) S(wzy, 3, 2, 1)                      \
+  S(xyzw, 0, 1, 2, 3) S(rgba, 0, 1, 2, 3) S(wzyx, 3, 2, 1, 0) S(zyxw, 2, 1, 0, 3)      \
+  S(yxwz, 1, 0, 3, 2) S(zwxy, 2, 3, 0, 1) S(zzww, 2, 2, 3, 3) S(xzyw, 0, 2, 1, 3)      \
+  S(wxyz, 3, 0, 1, 2) S(yzwx, 1, 2, 3, 0) S(bgra, 2, 1, 0, 3)
+// one member; swz_n is the component count of the vec_base it is declared in
+#define ETM_SWZ_MEMBER(name, ...) swz<T, swz_n, __VA_ARGS__> name;
 
 // A vector assigns its components, not the union: swizzle members have their own assignment
 // (a.xy = b.yx writes two components), which deletes the union's. Copy construction stays
@@ -183,6 +198,7 @@ struct vec_base;
 
 template <class T>
 struct vec_base<T, 2> {
+  static constexpr int swz_n = 2;
   ETM_VEC_COPY(2)
   union {
     T v[2];
@@ -192,20 +208,13 @@ struct vec_base<T, 2> {
     struct {
       T r, g;
     };
-    swz<T, 2, 0, 0> xx;
-    swz<T, 2, 0, 1> xy;
-    swz<T, 2, 1, 0> yx;
-    swz<T, 2, 1, 1> yy;
-    swz<T, 2, 0, 1, 0> xyx;
-    swz<T, 2, 0, 1, 1> xyy;
-    swz<T, 2, 0, 0, 1> xxy;
-    swz<T, 2, 0, 1, 0, 1> xyxy;
-    swz<T, 2, 0, 0, 1, 1> xxyy;
+    ETM_SWIZZLES_XY(ETM_SWZ_MEMBER)
   };
 };
 
 template <class T>
 struct vec_base<T, 3> {
+  static constexpr int swz_n = 3;
   ETM_VEC_COPY(3)
   union {
     T v[4];
@@ -215,30 +224,13 @@ struct vec_base<T, 3> {
     struct {
       T r, g, b;
     };
-    swz<T, 3, 0, 1> xy;
-    swz<T, 3, 0, 2> xz;
-    swz<T, 3, 1, 0> yx;
-    swz<T, 3, 1, 2> yz;
-    swz<T, 3, 2, 0> zx;
-    swz<T, 3, 2, 1> zy;
-    swz<T, 3, 0, 0> xx;
-    swz<T, 3, 1, 1> yy;
-    swz<T, 3, 2, 2> zz;
-    swz<T, 3, 0, 1, 2> xyz;
-    swz<T, 3, 0, 1, 2> rgb;
-    swz<T, 3, 2, 1, 0> zyx;
-    swz<T, 3, 1, 2, 0> yzx;
-    swz<T, 3, 2, 0, 1> zxy;
-    swz<T, 3, 0, 2, 1> xzy;
-    swz<T, 3, 1, 0, 2> yxz;
-    swz<T, 3, 0, 0, 0> xxx;
-    swz<T, 3, 1, 1, 1> yyy;
-    swz<T, 3, 2, 2, 2> zzz;
+    ETM_SWIZZLES_XY(ETM_SWZ_MEMBER) ETM_SWIZZLES_Z(ETM_SWZ_MEMBER)
   };
 };
 
 template <class T>
 struct vec_base<T, 4> {
+  static constexpr int swz_n = 4;
   ETM_VEC_COPY(4)
   union {
     T v[4];
@@ -248,41 +240,7 @@ struct vec_base<T, 4> {
     struct {
       T r, g, b, a;
     };
-    swz<T, 4, 0, 1> xy;
-    swz<T, 4, 0, 2> xz;
-    swz<T, 4, 0, 3> xw;
-    swz<T, 4, 1, 0> yx;
-    swz<T, 4, 1, 2> yz;
-    swz<T, 4, 1, 3> yw;
-    swz<T, 4, 2, 0> zx;
-    swz<T, 4, 2, 1> zy;
-    swz<T, 4, 2, 3> zw;
-    swz<T, 4, 3, 0> wx;
-    swz<T, 4, 3, 1> wy;
-    swz<T, 4, 3, 2> wz;
-    swz<T, 4, 0, 0> xx;
-    swz<T, 4, 1, 1> yy;
-    swz<T, 4, 2, 2> zz;
-    swz<T, 4, 3, 3> ww;
-    swz<T, 4, 0, 1, 2> xyz;
-    swz<T, 4, 1, 2, 3> yzw;
-    swz<T, 4, 0, 1, 3> xyw;
-    swz<T, 4, 0, 2, 3> xzw;
-    swz<T, 4, 2, 1, 0> zyx;
-    swz<T, 4, 3, 2, 1> wzy;
-    swz<T, 4, 0, 1, 2> rgb;
-    swz<T, 4, 0, 1, 2, 3> xyzw;
-    swz<T, 4, 0, 1, 2, 3> rgba;
-    swz<T, 4, 3, 2, 1, 0> wzyx;
-    swz<T, 4, 2, 1, 0, 3> zyxw;
-    swz<T, 4, 1, 0, 3, 2> yxwz;
-    swz<T, 4, 2, 3, 0, 1> zwxy;
-    swz<T, 4, 0, 0, 1, 1> xxyy;
-    swz<T, 4, 2, 2, 3, 3> zzww;
-    swz<T, 4, 0, 2, 1, 3> xzyw;
-    swz<T, 4, 3, 0, 1, 2> wxyz;
-    swz<T, 4, 1, 2, 3, 0> yzwx;
-    swz<T, 4, 2, 1, 0, 3> bgra;
+    ETM_SWIZZLES_XY(ETM_SWZ_MEMBER) ETM_SWIZZLES_Z(ETM_SWZ_MEMBER) ETM_SWIZZLES_W(ETM_SWZ_MEMBER)
   };
 };
 
