@@ -111,7 +111,7 @@ def _param_type(param: str) -> str | None:
     return _c_type(spelled)
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)  # torch's headers are fixed for the process: one parse
 def declarations() -> dict[str, Decl]:
     """Every function in torch's AOTI shim headers that a trampoline can forward."""
     decls: dict[str, Decl] = {}

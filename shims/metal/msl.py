@@ -17,6 +17,7 @@ address of a slot holding the value. ``threads`` is the total thread count per d
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,25 +46,21 @@ _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 # every ShimContext shares one library per source text, and the dispatcher they link against.
 _lock = threading.Lock()
 _libraries: dict[str, MslLibrary] = {}
-_dispatcher: ctypes.CDLL | None = None
 
 
+@functools.cache  # the dispatcher's dlopen handle: one per process, like the libraries
 def _dispatch_fn() -> ctypes._CFuncPtr:
-    global _dispatcher
-    if _dispatcher is None:
-        lib = ctypes.CDLL(str(dispatcher_path()))
-        fn = lib.etm_msl_dispatch
-        fn.restype = ctypes.c_int
-        fn.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_uint64),
-            ctypes.POINTER(ctypes.c_uint64),
-            ctypes.c_char_p,
-            ctypes.c_uint64,
-        ]
-        _dispatcher = lib
-    return _dispatcher.etm_msl_dispatch
+    fn = ctypes.CDLL(str(dispatcher_path())).etm_msl_dispatch
+    fn.restype = ctypes.c_int
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.c_char_p,
+        ctypes.c_uint64,
+    ]
+    return fn
 
 
 class MslFunction:
@@ -141,6 +138,8 @@ class MslFunction:
 
 
 _U64x3 = ctypes.c_uint64 * 3
+# each thread's scratch for a failed dispatch's message: written and read within one
+# dispatch, so it carries nothing from one call (or context) to the next
 _local = threading.local()
 
 

@@ -63,6 +63,8 @@ def _header_text() -> str:
     return "".join(p.read_text() for p in sorted(HERE.glob("*.h")))
 
 
+# process-wide memos of facts fixed for the process (torch's install, a built file):
+# no context's state
 @lru_cache(maxsize=1)
 def torch_include_dir() -> str | None:
     spec = importlib.util.find_spec("torch")
