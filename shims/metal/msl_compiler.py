@@ -28,6 +28,8 @@ from etmetal.shims.metal.msl_parse import (
     ParseError,
     entry_source,
     find_kernels,
+    float_literals,
+    in_metal_sources,
     line_of,
     rewrite,
     rewrite_address_spaces,
@@ -192,7 +194,7 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
         so = Path(meta["so"])
         if so.exists():
             return so, [_kernel_from_json(k) for k in meta["kernels"]]
-    text = rewrite_address_spaces(_preprocess(source))
+    text = in_metal_sources(rewrite_address_spaces(_preprocess(source)), float_literals, str(HERE))
     kernels = find_kernels(text)
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}

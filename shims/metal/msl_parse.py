@@ -224,6 +224,39 @@ def _in_library_code(text: str, fn) -> str:
     return "".join(out)
 
 
+# A string or character literal (left as is) or a floating literal with no suffix. MSL has no
+# double: ``1e-05`` and ``64.0`` are float there, so code such as Inductor's
+# ``auto eps = 1e-05; threadgroup_sum(float_scratch, x + eps, ...)`` type-checks only if the
+# literal is float on the host too.
+_FLOAT_LITERAL = re.compile(
+    r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\''
+    r"|(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?![\w.])"
+)
+_FILE_MARKER = re.compile(r'^# \d+ "([^"]*)"([ \d]*)$', re.M)
+
+
+def float_literals(text: str) -> str:
+    """Give unsuffixed floating literals MSL's type (float) by appending ``f``."""
+    return _FLOAT_LITERAL.sub(lambda m: m.group(0) + "f" if m.group(1) else m.group(0), text)
+
+
+def in_metal_sources(text: str, fn, own_dir: str) -> str:
+    """Apply ``fn`` to the library's own text and the Metal headers it includes (c10's), not
+    to system headers nor to etmetal's compatibility headers in ``own_dir``, which are host
+    C++ and keep C++'s literal rules."""
+    out, pos, metal = [], 0, True
+    for m in _FILE_MARKER.finditer(text):
+        chunk = text[pos : m.start()]
+        out.append(fn(chunk) if metal else chunk)
+        out.append(m.group(0))
+        path, flags = m.group(1), m.group(2).split()
+        metal = "3" not in flags and not path.startswith(own_dir) and not path.startswith("<")
+        pos = m.end()
+    tail = text[pos:]
+    out.append(fn(tail) if metal else tail)
+    return "".join(out)
+
+
 def constant_to_const(text: str) -> str:
     """``constant`` -> ``const`` (read-only memory), without doubling an existing ``const``."""
     return _DOUBLE_CONST.sub(r"const\1", _CONSTANT.sub("const", text))

@@ -352,3 +352,27 @@ def test_dispatches_from_several_os_threads_keep_their_threadgroup_memory_apart(
     for t in threads:
         t.join()
     assert failures == []
+
+
+# Inductor's Metal reductions write constants as bare literals (``auto eps = 1e-05;``) and hand
+# the result to c10's templates next to float scratch memory: MSL types the literal float.
+BARE_LITERALS = """
+#include <c10/metal/reduction_utils.h>
+kernel void mean_relu_plus_eps(device float* out [[buffer(0)]], constant float* in [[buffer(1)]],
+                               uint2 pos [[thread_position_in_grid]]) {
+  threadgroup float scratch[2];
+  auto eps = 1e-05;
+  auto half_ = .5;
+  auto t = c10::metal::max(in[pos.x * 64 + pos.y] + eps, 0.0);
+  auto s = c10::metal::threadgroup_sum(scratch, t * (half_ + 0.5), pos.y, 64);
+  out[pos.x] = s / 64.0;
+}
+"""
+
+
+def test_bare_floating_literals_are_float_as_in_msl():
+    fn = compile_library(BARE_LITERALS).function("mean_relu_plus_eps")
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    out = torch.full((3,), float("nan"))
+    fn.dispatch({0: addr(out), 1: addr(x)}, threads=(3, 64), group=(1, 64))
+    torch.testing.assert_close(out, (x + 1e-05).clamp(min=0).mean(dim=1))
