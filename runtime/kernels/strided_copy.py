@@ -4,10 +4,10 @@ torch's ``copy_`` between layouts whose fastest dims differ (channels-last to
 contiguous, a permuted view) walks one side element by element; this kernel merges
 dims that are contiguous on both sides, then moves the two dims that are fastest on
 each side into a tiled (cache-blocked) transpose, so both reads and writes stream
-(vector tiles in ``native/transpose_kernels.c``; rows they leave take scalar tiles).
-The C sources are ``native/strided_copy.c`` and ``native/transpose_kernels.c``, built
-with ``-O3`` and all warnings as errors once per content (``common.native_build``) and
-called through ctypes;
+(vector tiles in ``native/transpose_kernels.c``, non-temporal stores of whole cache
+lines for large copies in ``native/transpose_stream.c``; rows they leave take scalar
+tiles). The C sources are built with ``-O3`` and all warnings as errors once per content
+(``common.native_build``) and called through ctypes;
 the geometry goes over as packed int64s. Elements of 1, 2, 4 or 8 bytes; anything else
 (or overlap, non-CPU, too many dims) returns False and the caller falls back to torch.
 """
@@ -26,8 +26,12 @@ from ...common.native_build import WARNINGS, NativeBuildError, build_sources, lo
 MAX_DIMS = 16  # MAXD of native/strided_copy.c; checked against it at load
 
 NATIVE_DIR = Path(__file__).parent / "native"
-SOURCES = (NATIVE_DIR / "strided_copy.c", NATIVE_DIR / "transpose_kernels.c")
-HEADERS = (NATIVE_DIR / "transpose_kernels.h",)
+SOURCES = (
+    NATIVE_DIR / "strided_copy.c",
+    NATIVE_DIR / "transpose_kernels.c",
+    NATIVE_DIR / "transpose_stream.c",
+)
+HEADERS = (NATIVE_DIR / "transpose_kernels.h", NATIVE_DIR / "transpose_micro.h")
 
 # geometry goes to C as packed int64s: struct.pack is several times cheaper than a ctypes array
 _GEOM = tuple(struct.Struct(f"={max(n, 1)}q") for n in range(3 * MAX_DIMS + 1))
@@ -53,6 +57,7 @@ def _function():
     lib.etm_stream_threshold.restype = ctypes.c_int64
     lib.etm_set_stream_threshold.argtypes = [ctypes.c_int64]
     lib.etm_set_stream_threshold.restype = None
+    lib.etm_stream_min_rows_bytes.restype = ctypes.c_int64
     return (lib, *fns)
 
 
@@ -66,8 +71,15 @@ def available() -> bool:
 
 
 def stream_threshold_bytes() -> int:
-    """Copies of at least this many bytes use non-temporal stores (a quarter of L3)."""
+    """Transposes of at least this many bytes may use non-temporal stores (a quarter of
+    L3; see ``stream_min_rows_bytes``)."""
     return int(_function()[0].etm_stream_threshold())
+
+
+def stream_min_rows_bytes() -> int:
+    """A transpose past the threshold streams only when its rows (the source's fastest dim)
+    span at least this many bytes per column; with fewer it keeps cached stores."""
+    return int(_function()[0].etm_stream_min_rows_bytes())
 
 
 def set_stream_threshold_bytes(nbytes: int) -> int:

@@ -3,8 +3,10 @@
 Shapes are picked to land on each code path: element sizes 1, 2, 4 and 8; row counts
 (the source's fast dim) with tails after the 16/8/4-row tiles; column counts with tails
 after the micro-tiles and the cache blocks; destination strides that crowd L1 sets (8-row
-tiles) or not (16-row tiles); and copies past the streaming-store threshold, with
-destination rows 16-byte aligned (streamed) or not (cached).
+tiles) or not (16-row tiles); and copies past the streaming-store threshold, whose
+staging buffer streams whole cache lines and writes the partial lines at row ends with
+ordinary stores (destination rows at any alignment, row counts off every block size,
+chunks of columns cut mid-line, padding between rows that must stay untouched).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from etmetal.runtime.kernels import lookup
 from etmetal.runtime.kernels.strided_copy import (
     gather_contiguous,
     set_stream_threshold_bytes,
+    stream_min_rows_bytes,
     stream_threshold_bytes,
     strided_copy,
 )
@@ -114,20 +117,79 @@ def big_elems():
     set_stream_threshold_bytes(previous)
 
 
+def _streamed_rows(item: int) -> int:
+    """The fewest rows (channels) whose transpose streams past the threshold."""
+    return -(-stream_min_rows_bytes() // item)
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.float64, torch.float16, torch.uint8], ids=str
 )
 @pytest.mark.parametrize("aligned", [True, False], ids=["rows_aligned", "rows_unaligned"])
-def test_copies_past_the_streaming_threshold(dtype, aligned, big_elems):
+@pytest.mark.parametrize("extra", [0, 5], ids=["min_channels", "more_channels"])
+def test_copies_past_the_streaming_threshold(dtype, aligned, extra, big_elems):
     item = torch.empty((), dtype=dtype).element_size()
-    channels = 24
+    channels = _streamed_rows(item) + extra
     hw = big_elems // item // channels + 64
-    hw = hw - hw % 16 if aligned else hw | 1  # 16-byte aligned destination rows, or not
+    hw = hw - hw % 64 if aligned else hw | 1  # 64-byte aligned destination rows, or not
     x = make_tensor((1, hw, channels), dtype).permute(0, 2, 1)
     assert x.numel() * item >= big_elems
     out = torch.empty(1, channels * hw, dtype=dtype)
     assert gather_contiguous(out, x)
     assert torch.equal(_bits(out), _bits(x.reshape(1, -1)))
+
+
+@pytest.fixture
+def stream_all():
+    """Streaming threshold 0: every transpose with enough rows streams, however small."""
+    previous = set_stream_threshold_bytes(0)
+    yield
+    set_stream_threshold_bytes(previous)
+
+
+# (extra rows over the streaming minimum, columns, destination offset in elements, padding
+# elements after each destination row, padding elements after each source column). Rows
+# past the minimum land off the micro-tile and block sizes (+1, +3, +67, +131); columns
+# are odd, shorter than a line for 1-byte elements (17, 61), or cut into several chunks
+# mid-line (515, 1031, 2053); offsets and row lengths put row starts at every alignment,
+# so rows begin and end with partial lines
+STAGED = [
+    (0, 16, 0, 0, 0),
+    (1, 17, 1, 0, 0),
+    (3, 61, 0, 3, 2),
+    (0, 100, 3, 0, 0),
+    (67, 129, 0, 0, 1),
+    (131, 77, 5, 1, 0),
+    (1, 515, 7, 0, 3),
+    (9, 1031, 1, 9, 0),
+    (33, 2053, 0, 0, 0),
+    (200, 300, 2, 0, 7),
+]
+ELEMENT_SIZES = [torch.uint8, torch.bool, torch.float16, torch.int16, torch.float32, torch.int64]
+
+
+@pytest.mark.parametrize("dtype", [*ELEMENT_SIZES, torch.float64], ids=str)
+@pytest.mark.parametrize(
+    "extra,cols,offset,dpad,spad", STAGED, ids=["-".join(map(str, c)) for c in STAGED]
+)
+def test_streamed_transpose_writes_exactly_its_rows(
+    dtype, extra, cols, offset, dpad, spad, stream_all
+):
+    item = torch.empty((), dtype=dtype).element_size()
+    rows = _streamed_rows(item) + extra
+    # source: rows fastest (a [cols, rows + spad] buffer, the padding never read)
+    src = make_tensor((cols, rows + spad), dtype)[:, :rows].t()
+    # destination rows of `cols` elements, `dpad` after each, `offset` into a sentinel buffer
+    n = offset + rows * (cols + dpad) + 64 // item  # a line of slack at the end
+    whole = torch.full((n * item,), 0xA5, dtype=torch.uint8).view(dtype)
+    dst = whole[offset : offset + rows * (cols + dpad)].view(rows, cols + dpad)[:, :cols]
+    assert strided_copy(dst, src)
+    assert torch.equal(_bits(dst), _bits(src.contiguous()))
+    # every byte outside the rows keeps the sentinel: nothing written past a row's end
+    written = torch.zeros(whole.numel(), dtype=torch.bool)
+    written[offset : offset + rows * (cols + dpad)].view(rows, cols + dpad)[:, :cols] = True
+    untouched = whole.view(torch.uint8).view(-1, item)[~written]
+    assert torch.equal(untouched, torch.full_like(untouched, 0xA5))
 
 
 def test_gather_contiguous_refuses_what_it_cannot_do():

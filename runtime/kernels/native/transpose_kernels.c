@@ -8,10 +8,9 @@
  * rows fill whole cache lines side by side; 8 when the destination rows' stride is near a
  * multiple of 4 KiB, where 16 rows would share L1 sets.
  *
- * Copies of a quarter of the last-level cache or more store non-temporally (8 rows at a
- * time: few write-combining buffers) when the destination rows are 16-byte aligned: a
- * cached store first reads each destination line (read-for-ownership), a third of the
- * traffic of a copy that misses the cache anyway.
+ * Large copies with enough rows store non-temporally instead (transpose_stream.c): a cached
+ * store first reads each destination line (read-for-ownership), a third of the traffic of a
+ * copy that misses the cache anyway.
  */
 #define _GNU_SOURCE /* sysconf(_SC_LEVEL3_CACHE_SIZE) */
 #include "transpose_kernels.h"
@@ -52,10 +51,23 @@ static int64_t l3_bytes(void) {
   return 0;
 }
 
-/* copies of at least this many bytes store non-temporally: a quarter of the last-level
+/* Streaming pays only where the rows span at least two source lines per column (bn * item
+   >= 128 bytes: 32 float channels). Measured on a 2-core KVM guest (AMD EPYC, 32 MiB L3,
+   other jobs running), a channels-last [1, C, H, W] -> contiguous view_copy against torch's
+   contiguous copy of the same bytes, interleaved in one process (medians of 15):
+     float32, 8-64 MiB, C = 32..512: streamed 0.55-1.10, cached 0.48-0.93 (streamed 6-45%
+       ahead in 16 of 20 cases, within 4% in the rest)
+     float32, 1-64 MiB, C = 3, 4, 8: streamed 0.20-1.08, cached 0.43-1.36, cached ahead in
+       all 18 (the cached tiles write few destination rows at once, which cached stores
+       handle well); C = 16: mixed
+     float64 C = 16 (128 bytes): streamed 1.03-1.41, cached 0.55-1.08; C = 8: 1.00-1.12 vs
+       1.19-1.25; float16 and uint8 change sides between 64 and 128 bytes likewise */
+#define STREAM_MIN_ROWS_BYTES 128
+
+/* copies of at least this many bytes may store non-temporally: a quarter of the last-level
    cache, past which (source + destination, a shared cache) the output would not stay
-   cached anyway; measured here, it lifts 8-64 MiB transposes from ~0.68 to ~0.85 of a
-   contiguous copy's bandwidth */
+   cached anyway. At 8 MiB here (rows >= 128 bytes) streaming already gave 0.80-1.06 of a
+   contiguous copy against 0.62-0.82 cached; below, the output staying in L3 wins */
 static int64_t stream_bytes = -1; /* -1: not measured yet */
 int64_t etm_stream_threshold(void) {
   if (stream_bytes < 0) {
@@ -66,166 +78,7 @@ int64_t etm_stream_threshold(void) {
 }
 
 #if defined(ETM_X86)
-/* ---- micro-tiles: D[r*LDD + c] = S[c*LDS + r] for r, c < M ---- */
-
-#define T8_PS(D, S, LDD, LDS, STORE)                                                     \
-  {                                                                                      \
-    float* d_ = (float*)(D);                                                             \
-    const float* s_ = (const float*)(S);                                                 \
-    const int64_t ld_ = (LDD), ls_ = (LDS);                                              \
-    __m256 r0 = _mm256_loadu_ps(s_ + 0 * ls_), r1 = _mm256_loadu_ps(s_ + 1 * ls_);      \
-    __m256 r2 = _mm256_loadu_ps(s_ + 2 * ls_), r3 = _mm256_loadu_ps(s_ + 3 * ls_);      \
-    __m256 r4 = _mm256_loadu_ps(s_ + 4 * ls_), r5 = _mm256_loadu_ps(s_ + 5 * ls_);      \
-    __m256 r6 = _mm256_loadu_ps(s_ + 6 * ls_), r7 = _mm256_loadu_ps(s_ + 7 * ls_);      \
-    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);            \
-    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);            \
-    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);            \
-    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);            \
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);  \
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);  \
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);  \
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);  \
-    STORE(d_ + 0 * ld_, _mm256_permute2f128_ps(u0, u4, 0x20));                          \
-    STORE(d_ + 1 * ld_, _mm256_permute2f128_ps(u1, u5, 0x20));                          \
-    STORE(d_ + 2 * ld_, _mm256_permute2f128_ps(u2, u6, 0x20));                          \
-    STORE(d_ + 3 * ld_, _mm256_permute2f128_ps(u3, u7, 0x20));                          \
-    STORE(d_ + 4 * ld_, _mm256_permute2f128_ps(u0, u4, 0x31));                          \
-    STORE(d_ + 5 * ld_, _mm256_permute2f128_ps(u1, u5, 0x31));                          \
-    STORE(d_ + 6 * ld_, _mm256_permute2f128_ps(u2, u6, 0x31));                          \
-    STORE(d_ + 7 * ld_, _mm256_permute2f128_ps(u3, u7, 0x31));                          \
-  }
-#define ST_PS(p, v) _mm256_storeu_ps(p, v)
-
-/* SSE 4x4: the last 4..7 rows of a 4-byte transpose */
-#define T4_PS(D, S, LDD, LDS, STORE)                                                     \
-  {                                                                                      \
-    float* d_ = (float*)(D);                                                             \
-    const float* s_ = (const float*)(S);                                                 \
-    const int64_t ld_ = (LDD), ls_ = (LDS);                                              \
-    __m128 r0 = _mm_loadu_ps(s_ + 0 * ls_), r1 = _mm_loadu_ps(s_ + 1 * ls_);            \
-    __m128 r2 = _mm_loadu_ps(s_ + 2 * ls_), r3 = _mm_loadu_ps(s_ + 3 * ls_);            \
-    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);                                                   \
-    STORE(d_ + 0 * ld_, r0);                                                             \
-    STORE(d_ + 1 * ld_, r1);                                                             \
-    STORE(d_ + 2 * ld_, r2);                                                             \
-    STORE(d_ + 3 * ld_, r3);                                                             \
-  }
-#define ST_PS4(p, v) _mm_storeu_ps(p, v)
-/* 16-byte halves: _mm_stream_ps needs 16-byte alignment, rows need not have 32 */
-#define ST_PS_NT(p, v)                                                                   \
-  do {                                                                                   \
-    _mm_stream_ps(p, _mm256_castps256_ps128(v));                                         \
-    _mm_stream_ps((p) + 4, _mm256_extractf128_ps(v, 1));                                 \
-  } while (0)
-
-#define T4_PD(D, S, LDD, LDS, STORE)                                                     \
-  {                                                                                      \
-    double* d_ = (double*)(D);                                                           \
-    const double* s_ = (const double*)(S);                                               \
-    const int64_t ld_ = (LDD), ls_ = (LDS);                                              \
-    __m256d r0 = _mm256_loadu_pd(s_ + 0 * ls_), r1 = _mm256_loadu_pd(s_ + 1 * ls_);     \
-    __m256d r2 = _mm256_loadu_pd(s_ + 2 * ls_), r3 = _mm256_loadu_pd(s_ + 3 * ls_);     \
-    __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1);           \
-    __m256d t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);           \
-    STORE(d_ + 0 * ld_, _mm256_permute2f128_pd(t0, t2, 0x20));                          \
-    STORE(d_ + 1 * ld_, _mm256_permute2f128_pd(t1, t3, 0x20));                          \
-    STORE(d_ + 2 * ld_, _mm256_permute2f128_pd(t0, t2, 0x31));                          \
-    STORE(d_ + 3 * ld_, _mm256_permute2f128_pd(t1, t3, 0x31));                          \
-  }
-#define ST_PD(p, v) _mm256_storeu_pd(p, v)
-#define ST_PD_NT(p, v)                                                                   \
-  do {                                                                                   \
-    _mm_stream_pd(p, _mm256_castpd256_pd128(v));                                         \
-    _mm_stream_pd((p) + 2, _mm256_extractf128_pd(v, 1));                                 \
-  } while (0)
-
-#define LD16(p) _mm_loadu_si128((const __m128i*)(p))
-#define T8_EPI16(D, S, LDD, LDS, STORE)                                                  \
-  {                                                                                      \
-    uint16_t* d_ = (uint16_t*)(D);                                                       \
-    const uint16_t* s_ = (const uint16_t*)(S);                                           \
-    const int64_t ld_ = (LDD), ls_ = (LDS);                                              \
-    __m128i r0 = LD16(s_ + 0 * ls_), r1 = LD16(s_ + 1 * ls_), r2 = LD16(s_ + 2 * ls_);   \
-    __m128i r3 = LD16(s_ + 3 * ls_), r4 = LD16(s_ + 4 * ls_), r5 = LD16(s_ + 5 * ls_);   \
-    __m128i r6 = LD16(s_ + 6 * ls_), r7 = LD16(s_ + 7 * ls_);                            \
-    __m128i a0 = _mm_unpacklo_epi16(r0, r1), a1 = _mm_unpackhi_epi16(r0, r1);           \
-    __m128i a2 = _mm_unpacklo_epi16(r2, r3), a3 = _mm_unpackhi_epi16(r2, r3);           \
-    __m128i a4 = _mm_unpacklo_epi16(r4, r5), a5 = _mm_unpackhi_epi16(r4, r5);           \
-    __m128i a6 = _mm_unpacklo_epi16(r6, r7), a7 = _mm_unpackhi_epi16(r6, r7);           \
-    __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);           \
-    __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);           \
-    __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);           \
-    __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);           \
-    STORE(d_ + 0 * ld_, _mm_unpacklo_epi64(b0, b4));                                     \
-    STORE(d_ + 1 * ld_, _mm_unpackhi_epi64(b0, b4));                                     \
-    STORE(d_ + 2 * ld_, _mm_unpacklo_epi64(b1, b5));                                     \
-    STORE(d_ + 3 * ld_, _mm_unpackhi_epi64(b1, b5));                                     \
-    STORE(d_ + 4 * ld_, _mm_unpacklo_epi64(b2, b6));                                     \
-    STORE(d_ + 5 * ld_, _mm_unpackhi_epi64(b2, b6));                                     \
-    STORE(d_ + 6 * ld_, _mm_unpacklo_epi64(b3, b7));                                     \
-    STORE(d_ + 7 * ld_, _mm_unpackhi_epi64(b3, b7));                                     \
-  }
-#define ST_SI(p, v) _mm_storeu_si128((__m128i*)(p), v)
-#define ST_SI_NT(p, v) _mm_stream_si128((__m128i*)(p), v)
-
-/* 16x16 bytes: four rounds of interleaving (8, 16, 32, 64-bit units) */
-#define T16_EPI8(D, S, LDD, LDS, STORE)                                                  \
-  {                                                                                      \
-    uint8_t* d_ = (uint8_t*)(D);                                                         \
-    const uint8_t* s_ = (const uint8_t*)(S);                                             \
-    const int64_t ld_ = (LDD), ls_ = (LDS);                                              \
-    __m128i x[16], y[16];                                                                \
-    for (int k = 0; k < 16; ++k) x[k] = LD16(s_ + k * ls_);                              \
-    for (int k = 0; k < 8; ++k) {                                                        \
-      y[k] = _mm_unpacklo_epi8(x[2 * k], x[2 * k + 1]);                                  \
-      y[k + 8] = _mm_unpackhi_epi8(x[2 * k], x[2 * k + 1]);                              \
-    }                                                                                    \
-    for (int k = 0; k < 8; ++k) {                                                        \
-      x[k] = _mm_unpacklo_epi16(y[2 * k], y[2 * k + 1]);                                 \
-      x[k + 8] = _mm_unpackhi_epi16(y[2 * k], y[2 * k + 1]);                             \
-    }                                                                                    \
-    for (int k = 0; k < 8; ++k) {                                                        \
-      y[k] = _mm_unpacklo_epi32(x[2 * k], x[2 * k + 1]);                                 \
-      y[k + 8] = _mm_unpackhi_epi32(x[2 * k], x[2 * k + 1]);                             \
-    }                                                                                    \
-    for (int k = 0; k < 8; ++k) {                                                        \
-      x[k] = _mm_unpacklo_epi64(y[2 * k], y[2 * k + 1]);                                 \
-      x[k + 8] = _mm_unpackhi_epi64(y[2 * k], y[2 * k + 1]);                             \
-    }                                                                                    \
-    /* x[k] now holds source column T16_ROW[k], the destination row it goes to */       \
-    for (int k = 0; k < 16; ++k) STORE(d_ + T16_ROW[k] * ld_, x[k]);                     \
-  }
-/* each round sends the low halves to the first 8 registers and the high halves to the
-   last 8, so register k ends up with the column whose 4 bits are k's bits reversed */
-static const int T16_ROW[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-
-/* 8x8 bytes, 8-byte stores: for destination rows that crowd L1 sets (16 would thrash) */
-#define LD8(p) _mm_loadl_epi64((const __m128i*)(p))
-#define HI8(v) _mm_unpackhi_epi64(v, v)
-#define T8_EPI8(D, S, LDD, LDS, STORE)                                                   \
-  {                                                                                      \
-    uint8_t* d_ = (uint8_t*)(D);                                                         \
-    const uint8_t* s_ = (const uint8_t*)(S);                                             \
-    const int64_t ld_ = (LDD), ls_ = (LDS);                                              \
-    __m128i a0 = _mm_unpacklo_epi8(LD8(s_ + 0 * ls_), LD8(s_ + 1 * ls_));                \
-    __m128i a1 = _mm_unpacklo_epi8(LD8(s_ + 2 * ls_), LD8(s_ + 3 * ls_));                \
-    __m128i a2 = _mm_unpacklo_epi8(LD8(s_ + 4 * ls_), LD8(s_ + 5 * ls_));                \
-    __m128i a3 = _mm_unpacklo_epi8(LD8(s_ + 6 * ls_), LD8(s_ + 7 * ls_));                \
-    __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);           \
-    __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);           \
-    __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);           \
-    __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);           \
-    STORE(d_ + 0 * ld_, c0);                                                             \
-    STORE(d_ + 1 * ld_, HI8(c0));                                                        \
-    STORE(d_ + 2 * ld_, c1);                                                             \
-    STORE(d_ + 3 * ld_, HI8(c1));                                                        \
-    STORE(d_ + 4 * ld_, c2);                                                             \
-    STORE(d_ + 5 * ld_, HI8(c2));                                                        \
-    STORE(d_ + 6 * ld_, c3);                                                             \
-    STORE(d_ + 7 * ld_, HI8(c3));                                                        \
-  }
-#define ST_8B(p, v) _mm_storel_epi64((__m128i*)(p), v)
-#define ST_8B_NT(p, v) _mm_stream_si64((long long*)(p), _mm_cvtsi128_si64(v))
+#include "transpose_micro.h"
 
 /* ---- tiles ---- */
 
@@ -256,21 +109,15 @@ ATTR static void NAME(T* du, const T* su, int64_t bn, int64_t an, int64_t bd, in
     }                                                                                    \
   }                                                                                      \
 }
-#define AVX2 __attribute__((target("avx2")))
 /* 16 rows side by side use each 64-byte source line in one pass, but only when the rows
-   spread over L1 sets (see set_crowding); streaming stores keep 8 (few write-combining
-   buffers) with longer row runs. Block sizes measured here (etmetal bench overhead and a
+   spread over L1 sets (see set_crowding). Block sizes measured (etmetal bench overhead and a
    sweep over channel counts 3-512 and plane sizes) */
 DEFINE_TILES(t_u32, uint32_t, 8, 8, 256, T8_PS, ST_PS, AVX2)
 DEFINE_TILES(t_u32_x16, uint32_t, 8, 16, 1024, T8_PS, ST_PS, AVX2)
-DEFINE_TILES(t_u32_nt, uint32_t, 8, 8, 1024, T8_PS, ST_PS_NT, AVX2)
 DEFINE_TILES(t_u32_x4, uint32_t, 4, 4, 256, T4_PS, ST_PS4, )
 DEFINE_TILES(t_u64, uint64_t, 4, 8, 128, T4_PD, ST_PD, AVX2)
-DEFINE_TILES(t_u64_nt, uint64_t, 4, 8, 512, T4_PD, ST_PD_NT, AVX2)
 DEFINE_TILES(t_u16, uint16_t, 8, 8, 256, T8_EPI16, ST_SI, )
-DEFINE_TILES(t_u16_nt, uint16_t, 8, 8, 2048, T8_EPI16, ST_SI_NT, )
 DEFINE_TILES(t_u8, uint8_t, 16, 16, 256, T16_EPI8, ST_SI, )
-DEFINE_TILES(t_u8_nt, uint8_t, 8, 8, 1024, T8_EPI8, ST_8B_NT, )
 DEFINE_TILES(t_u8_x8, uint8_t, 8, 8, 256, T8_EPI8, ST_8B, )
 
 /* most of 16 consecutive destination rows that share one of L1's 64 sets: rows whose
@@ -298,36 +145,32 @@ int64_t etm_transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int
                             int64_t bd, int64_t as, int stream) {
   int avx2 = have_avx2();
   if ((item == 8 && !avx2) || an < 16) return 0;
-  /* streaming stores need 16-byte aligned destination rows */
-  int nt = stream && ((uintptr_t)d & 15) == 0 && ((bd * (int64_t)item) & 15) == 0;
-  int crowded = !nt && set_crowding(bd * (int64_t)item) > 3;
-  int64_t m = item == 8 ? 4 : item == 1 && !crowded && !nt ? 16 : 8;
+  if (stream && bn * (int64_t)item >= STREAM_MIN_ROWS_BYTES)
+    return etm_transpose_streamed(d, s, item, bn, an, bd, as, avx2);
+  int crowded = set_crowding(bd * (int64_t)item) > 3;
+  int64_t m = item == 8 ? 4 : item == 1 && !crowded ? 16 : 8;
   int64_t rows = bn < m || (item == 4 && !avx2) ? 0 : bn - bn % m;
-  nt = nt && rows;
   if (rows) {
     switch (item) {
       case 1:
-        if (nt) t_u8_nt((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as);
-        else if (crowded) t_u8_x8((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as);
+        if (crowded) t_u8_x8((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as);
         else t_u8((uint8_t*)d, (const uint8_t*)s, rows, an, bd, as);
         break;
-      case 2: (nt ? t_u16_nt : t_u16)((uint16_t*)d, (const uint16_t*)s, rows, an, bd, as); break;
+      case 2: t_u16((uint16_t*)d, (const uint16_t*)s, rows, an, bd, as); break;
       case 4:
-        if (nt) t_u32_nt((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
-        else if (crowded) t_u32((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
+        if (crowded) t_u32((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
         else t_u32_x16((uint32_t*)d, (const uint32_t*)s, rows, an, bd, as);
         break;
-      case 8: (nt ? t_u64_nt : t_u64)((uint64_t*)d, (const uint64_t*)s, rows, an, bd, as); break;
+      case 8: t_u64((uint64_t*)d, (const uint64_t*)s, rows, an, bd, as); break;
       default: return 0;
     }
   }
-  if (nt) _mm_sfence(); /* order the streamed lines before whatever the caller does next */
   if (item == 4 && bn - rows >= 4) { /* SSE 4x4 for the rest (all of it without AVX2) */
     int64_t more = (bn - rows) & ~(int64_t)3;
     t_u32_x4((uint32_t*)d + rows * bd, (const uint32_t*)s + rows, more, an, bd, as);
     rows += more;
   }
-  if (item == 1 && !nt && bn - rows >= 8) { /* 8 rows at a time after the 16s */
+  if (item == 1 && bn - rows >= 8) { /* 8 rows at a time after the 16s */
     int64_t more = (bn - rows) & ~(int64_t)7;
     t_u8_x8((uint8_t*)d + rows * bd, (const uint8_t*)s + rows, more, an, bd, as);
     rows += more;
@@ -343,3 +186,5 @@ int64_t etm_transpose_tiles(void* d, const void* s, size_t item, int64_t bn, int
 #endif
 
 void etm_set_stream_threshold(int64_t bytes) { stream_bytes = bytes; }
+
+int64_t etm_stream_min_rows_bytes(void) { return STREAM_MIN_ROWS_BYTES; }
