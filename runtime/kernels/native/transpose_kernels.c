@@ -53,21 +53,22 @@ static int64_t l3_bytes(void) {
 
 /* Streaming pays only where the rows span at least two source lines per column (bn * item
    >= 128 bytes: 32 float channels). Measured on a 2-core KVM guest (AMD EPYC, 32 MiB L3,
-   other jobs running), a channels-last [1, C, H, W] -> contiguous view_copy against torch's
-   contiguous copy of the same bytes, interleaved in one process (medians of 15):
-     float32, 8-64 MiB, C = 32..512: streamed 0.55-1.10, cached 0.48-0.93 (streamed 6-45%
-       ahead in 16 of 20 cases, within 4% in the rest)
-     float32, 1-64 MiB, C = 3, 4, 8: streamed 0.20-1.08, cached 0.43-1.36, cached ahead in
-       all 18 (the cached tiles write few destination rows at once, which cached stores
-       handle well); C = 16: mixed
-     float64 C = 16 (128 bytes): streamed 1.03-1.41, cached 0.55-1.08; C = 8: 1.00-1.12 vs
-       1.19-1.25; float16 and uint8 change sides between 64 and 128 bytes likewise */
+   other jobs running): a channels-last [1, C, H, W] -> contiguous view_copy against torch's
+   contiguous copy of the same bytes, each arm with its own tensors, arms interleaved in one
+   process in alternating order, medians of 16 (30 to re-check close calls), 8-64 MiB:
+     rows >= 128 bytes (float32 C = 32..512, float64 C = 16..128, float16 C = 64, 128):
+       streamed ahead in 18 of 26 (float32 C = 32: 0.91-1.51 of a contiguous copy against
+       0.64-1.41 cached), within 5% in 6, behind in 2 (float64 C = 16: 7% and 9%)
+     rows < 128 bytes: float32 C = 4, 8 behind in all 8 (0.22-0.60 against 0.74-1.21: the
+       cached tiles then write few destination rows at once, which cached stores handle
+       well); float32 C = 16, 24, float64 C = 8, float16 C = 16, 32: behind or even in 12
+       of 14 */
 #define STREAM_MIN_ROWS_BYTES 128
 
 /* copies of at least this many bytes may store non-temporally: a quarter of the last-level
    cache, past which (source + destination, a shared cache) the output would not stay
-   cached anyway. At 8 MiB here (rows >= 128 bytes) streaming already gave 0.80-1.06 of a
-   contiguous copy against 0.62-0.82 cached; below, the output staying in L3 wins */
+   cached anyway. At 8 MiB here (float32, C = 32..512) streaming already gave 0.33-1.00 of
+   a contiguous copy against 0.27-0.64 cached */
 static int64_t stream_bytes = -1; /* -1: not measured yet */
 int64_t etm_stream_threshold(void) {
   if (stream_bytes < 0) {

@@ -37,17 +37,18 @@
 #define DEFINE_FILL(NAME, T, M, MICRO, STORE, ATTR)                                          \
 ATTR static void NAME(void* stv, int64_t sld, const void* sv, int64_t rows, int64_t j0,      \
                       int64_t j1, int64_t as) {                                              \
-  T* st = (T*)stv - j0;                                                                      \
+  T* st = (T*)stv; /* column j at st[j - j0] */                                              \
   const T* s = (const T*)sv;                                                                 \
   const int64_t gm = rows - rows % M;                                                        \
   int64_t j = j0;                                                                            \
   for (; j + M <= j1; j += M) {                                                              \
-    for (int64_t g = 0; g < gm; g += M) MICRO(st + g * sld + j, s + j * as + g, sld, as, STORE) \
+    T* sc = st + (j - j0);                                                                   \
+    for (int64_t g = 0; g < gm; g += M) MICRO(sc + g * sld, s + j * as + g, sld, as, STORE)  \
     for (int64_t g = gm; g < rows; ++g)                                                      \
-      for (int k = 0; k < M; ++k) st[g * sld + j + k] = s[(j + k) * as + g];                 \
+      for (int k = 0; k < M; ++k) sc[g * sld + k] = s[(j + k) * as + g];                     \
   }                                                                                          \
   for (; j < j1; ++j)                                                                        \
-    for (int64_t g = 0; g < rows; ++g) st[g * sld + j] = s[j * as + g];                      \
+    for (int64_t g = 0; g < rows; ++g) st[g * sld + (j - j0)] = s[j * as + g];               \
 }
 DEFINE_FILL(fill_u8, uint8_t, 16, T16_EPI8, ST_SI, )
 DEFINE_FILL(fill_u16, uint16_t, 8, T8_EPI16, ST_SI, )
@@ -60,11 +61,12 @@ typedef void fill_fn(void*, int64_t, const void*, int64_t, int64_t, int64_t, int
 static uintptr_t line_down(uintptr_t a) { return a & ~(uintptr_t)(LINE - 1); }
 
 /* Streams the part of one destination row that chunk [x0, x1) (row bytes) is responsible for;
-   sp[x] holds row byte x for x in [x0 - LINE, x1) (the LINE bytes before x0 only after the
-   first chunk). Each chunk ends where a line ends (the row's end for the last chunk), so the
-   chunks cut every row into runs of whole lines plus the row's partial first and last lines,
-   which take ordinary stores. */
-static void emit_row(char* row, int64_t row_bytes, const char* sp, int64_t x0, int64_t x1) {
+   staged[LINE + x - x0] holds row byte x for x in [x0 - LINE, x1) (the LINE bytes before x0
+   only after the first chunk). Each chunk ends where a line ends (the row's end for the last
+   chunk), so the chunks cut every row into runs of whole lines plus the row's partial first
+   and last lines, which take ordinary stores. */
+static void emit_row(char* row, int64_t row_bytes, const char* staged, int64_t x0, int64_t x1) {
+  const int64_t to_staged = LINE - x0; /* row byte x is staged[x + to_staged] */
   const uintptr_t base = (uintptr_t)row;
   int64_t p = x0 == 0 ? 0 : (int64_t)(line_down(base + (uintptr_t)x0) - base);
   const int64_t q = x1 == row_bytes ? x1 : (int64_t)(line_down(base + (uintptr_t)x1) - base);
@@ -73,12 +75,12 @@ static void emit_row(char* row, int64_t row_bytes, const char* sp, int64_t x0, i
   const int64_t a = (int64_t)(line_down(base + (uintptr_t)p + LINE - 1) - base);
   const int64_t b = (int64_t)(line_down(base + (uintptr_t)q) - base);
   if (a >= b) { /* no whole line */
-    memcpy(row + p, sp + p, (size_t)(q - p));
+    memcpy(row + p, staged + (p + to_staged), (size_t)(q - p));
     return;
   }
-  if (a > p) memcpy(row + p, sp + p, (size_t)(a - p));
+  if (a > p) memcpy(row + p, staged + (p + to_staged), (size_t)(a - p));
   for (int64_t x = a; x < b; x += LINE) {
-    const __m128i* src = (const __m128i*)(sp + x);
+    const __m128i* src = (const __m128i*)(staged + (x + to_staged));
     __m128i* dst = (__m128i*)(row + x);
     __m128i v0 = _mm_loadu_si128(src), v1 = _mm_loadu_si128(src + 1);
     __m128i v2 = _mm_loadu_si128(src + 2), v3 = _mm_loadu_si128(src + 3);
@@ -87,7 +89,7 @@ static void emit_row(char* row, int64_t row_bytes, const char* sp, int64_t x0, i
     _mm_stream_si128(dst + 2, v2);
     _mm_stream_si128(dst + 3, v3);
   }
-  if (q > b) memcpy(row + b, sp + b, (size_t)(q - b));
+  if (q > b) memcpy(row + b, staged + (b + to_staged), (size_t)(q - b));
 }
 
 /* a block of the transpose: rows [i0, i0 + rows) x columns [j0, j1) */
@@ -107,17 +109,20 @@ typedef struct {
    would not fetch ahead, and reading the next block would not overlap writing this one. */
 static void stage_block(const job_t* t, char* stage, block_t b, block_t next) {
   const int64_t item = t->item, js = b.j0 > 0 ? b.j0 - LINE / item : 0;
-  t->fill(stage + LINE - (b.j0 - js) * item, SROW / item, t->s + b.i0 * item, b.rows, js, b.j1,
-       t->as);
+  t->fill(stage + LINE - (b.j0 - js) * item, SROW / item, t->s + b.i0 * item, b.rows, js,
+          b.j1, t->as);
   int64_t pj = next.j0;
   const int64_t per_row = (next.j1 - next.j0 + b.rows - 1) / b.rows, span = next.rows * item;
   for (int64_t g = 0; g < b.rows; ++g) {
-    emit_row(t->d + (b.i0 + g) * t->bd * item, t->an * item,
-             stage + g * SROW + LINE - b.j0 * item, b.j0 * item, b.j1 * item);
+    emit_row(t->d + (b.i0 + g) * t->bd * item, t->an * item, stage + g * SROW, b.j0 * item,
+             b.j1 * item);
     const int64_t pe = pj + per_row < next.j1 ? pj + per_row : next.j1;
     for (; pj < pe; ++pj) {
-      const char* p = t->s + (pj * t->as + next.i0) * item;
-      for (int64_t o = 0; o < span + LINE - 1; o += LINE) _mm_prefetch(p + o, _MM_HINT_T0);
+      /* addresses, not pointers: the last line may lie past the source (a prefetch never
+         faults) */
+      const uintptr_t p = (uintptr_t)(t->s + (pj * t->as + next.i0) * item);
+      for (int64_t o = 0; o < span + LINE - 1; o += LINE)
+        _mm_prefetch((const char*)(p + (uintptr_t)o), _MM_HINT_T0);
     }
   }
 }
