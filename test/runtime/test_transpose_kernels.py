@@ -149,7 +149,8 @@ def stream_all():
 
 # (extra rows over the streaming minimum, columns, destination offset in elements, padding
 # elements after each destination row, padding elements after each source column). Rows
-# past the minimum land off the micro-tile and block sizes (+1, +3, +67, +131); columns
+# past the minimum land off the micro-tile and block sizes (+1, +3, +9, +33, +67, +131,
+# +200; blocks are 64 rows); columns
 # are odd, shorter than a line for 1-byte elements (17, 61), or cut into several chunks
 # mid-line (515, 1031, 2053); offsets and row lengths put row starts at every alignment,
 # so rows begin and end with partial lines
