@@ -58,7 +58,8 @@ static int64_t l3_bytes(void) {
    process in alternating order, medians of 16 (30 to re-check close calls), 8-64 MiB:
      rows >= 128 bytes (float32 C = 32..512, float64 C = 16..128, float16 C = 64, 128):
        streamed ahead in 18 of 26 (float32 C = 32: 0.91-1.51 of a contiguous copy against
-       0.64-1.41 cached), within 5% in 6, behind in 2 (float64 C = 16: 7% and 9%)
+       0.64-1.41 cached), within 5% in 6, behind in 2 (float64 C = 16: 7% and 9%; with
+       30 rounds at 8, 16 and 32 MiB it came out 3-25% ahead)
      rows < 128 bytes: float32 C = 4, 8 behind in all 8 (0.22-0.60 against 0.74-1.21: the
        cached tiles then write few destination rows at once, which cached stores handle
        well); float32 C = 16, 24, float64 C = 8, float16 C = 16, 32: behind or even in 12
