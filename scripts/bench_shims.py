@@ -32,6 +32,7 @@ int32_t aoti_torch_delete_tensor_object(void*);
 int32_t aoti_torch__reinterpret_tensor(void*, int64_t, const int64_t*, const int64_t*, int64_t,
                                        void**);
 int32_t aoti_torch_dtype_float32(void);
+int32_t aoti_torch_clone(void*, void**);
 static double now_ns(void) {
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec;
 }
@@ -42,6 +43,11 @@ double etm_bench(int which, int n) {
   void *base = 0, *h = 0, *p = 0; int64_t* s = 0; int calls = 0;
   int32_t f32 = aoti_torch_dtype_float32();
   if (aoti_torch_empty_strided(2, sizes, strides, f32, 0, 0, &base)) return -1;
+  if (which == 5) { /* a tensor Python made (a clone): its views are Python's too */
+    void* native_base = base;
+    if (aoti_torch_clone(native_base, &base)) return -1;
+    aoti_torch_delete_tensor_object(native_base);
+  }
   double t0 = now_ns();
   for (int i = 0; i < n; ++i) {
     switch (which) {
@@ -50,7 +56,7 @@ double etm_bench(int which, int n) {
       case 2:
         if (aoti_torch_empty_strided(2, sizes, strides, f32, 0, 0, &h)) return -1;
         if (aoti_torch_delete_tensor_object(h)) return -1; calls += 2; break;
-      case 3:
+      case 3: case 5:
         if (aoti_torch__reinterpret_tensor(base, 2, vsizes, strides, 16, &h)) return -1;
         if (aoti_torch_delete_tensor_object(h)) return -1; calls += 2; break;
       default: (void)aoti_torch_dtype_float32(); calls += 1; break;
@@ -68,6 +74,7 @@ PATTERNS = {
     2: "empty_strided + delete_tensor_object",
     3: "_reinterpret_tensor (holes, offset) + delete",
     4: "dtype_float32 (constant, native)",
+    5: "_reinterpret_tensor of a Python tensor + delete",
 }
 
 

@@ -93,6 +93,8 @@ class ShimContext(HandleTable):
         in place; any other context loads a private copy so its C state is its own."""
         self.handles: dict[int, Tensor] = {}
         self.live_storages: dict[int, Storage] = {}  # id(storage) -> storage
+        # native allocation (data address) -> the live Storage adopted views of it share
+        self.native_storages: dict[int, Storage] = {}
         # one model runs at a time per context; ctypes callbacks hold the GIL, this orders
         # whole runs (and the policy of the run in progress)
         self.run_lock = threading.RLock()
@@ -197,6 +199,13 @@ class ShimContext(HandleTable):
             return
         plain = self.host.fill_byte is None and self.allocators.get(DEVICE_CPU) is self.host
         native.set_limit(native_tensors.NATIVE_LIMIT if plain else 0)
+        # views in C follow the "view" policy; while a model that materializes is open (or
+        # the context's own policy says so), every _reinterpret_tensor goes to Python, which
+        # reads the policy of the run in progress
+        seeding = self.materialize != "view" or any(
+            getattr(m, "materialize", "view") != "view" for m in self._open_model_set
+        )
+        native.set_views(not seeding)
 
     def model_opened(self, model: object | None = None) -> None:
         """``model`` (anything with ``close()``) is closed by ``close_models`` if still open."""
@@ -205,11 +214,13 @@ class ShimContext(HandleTable):
             self._open_model_set.add(model)
         if self.native is not None:
             self.native.set_caching(True)
+            self.sync_native_policy()
 
     def model_closed(self, model: object | None = None) -> None:
         """The last open model of this context empties its host and native caches."""
         self._open_model_set.discard(model)
         self.open_models -= 1
+        self.sync_native_policy()
         if self.open_models == 0:
             self.host.empty_cache()
             if self.native is not None:
@@ -253,6 +264,7 @@ class ShimContext(HandleTable):
         """Set how ``_reinterpret_tensor`` treats non-packed views outside model runs (each
         ``AotiModel`` runs with its own policy); returns the previous mode."""
         previous, self.materialize = self.materialize, check_materialize(mode)
+        self.sync_native_policy()
         return previous
 
     # --- proxy executors --------------------------------------------------------------------

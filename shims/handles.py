@@ -25,14 +25,16 @@ class HandleTable:
     """Handles -> tensors, live storages, and the memory they account for."""
 
     def memory_stats(self) -> MemoryStats:
-        """Python's tensors and storages plus the native ones (one storage per native tensor)."""
+        """Python's tensors and storages plus the native ones: native records, the native
+        allocations no Python storage holds, and one borrowed storage per borrowing record."""
         owned = [s for s in self.live_storages.values() if s.owned]
         native = self.native
         n_live = native.counter("live") if native else 0
         n_borrowed = native.counter("borrowed") if native else 0
+        n_stores = native.counter("stores") if native else 0
         return MemoryStats(
             tensors=len(self.handles) + n_live,
-            storages=len(self.live_storages) + n_live,
+            storages=len(self.live_storages) + n_stores + n_borrowed,
             bytes=sum(s.nbytes for s in owned) + (native.counter("bytes") if native else 0),
             borrowed_storages=len(self.live_storages) - len(owned) + n_borrowed,
             cached_bytes=self.host.cached_bytes + (native.counter("cached") if native else 0),
@@ -44,15 +46,21 @@ class HandleTable:
         rec = native.read(handle) if native is not None else None
         if rec is None:
             return None
+        base = rec.data_ptr - rec.offset * ITEMSIZE[rec.dtype]
+        native.disown(handle)  # the record's reference to its allocation is Python's now
         if rec.kind == native_tensors.OWNED:
-            storage = Storage.native(rec.data_ptr, rec.storage_bytes, native.free_memory)
+            storage = self.native_storages.get(base)
+            if storage is None:  # the first view of this allocation Python adopts
+                storage = Storage.native(base, rec.storage_bytes, native.unref_python)
+                self.native_storages[base] = storage
+            else:  # its storage holds a reference already
+                native.unref_python(base)
         else:  # a run's input: borrow the caller's whole storage
-            base = rec.data_ptr - rec.offset * ITEMSIZE[rec.dtype]
             storage = Storage(base, rec.storage_bytes, owned=False)
         tensor = Tensor(storage, rec.dtype, rec.sizes, rec.strides, rec.offset)
-        native.disown(handle)
-        self.live_storages[id(storage)] = storage
-        storage.count = 1
+        if storage.count == 0:
+            self.live_storages[id(storage)] = storage
+        storage.count += 1
         self.handles[handle] = tensor
         return tensor
 
@@ -116,8 +124,7 @@ class HandleTable:
         gone = old.storage
         gone.count -= 1
         if gone.count == 0:
-            del self.live_storages[id(gone)]
-            gone.release()
+            self._release(gone)
 
     def unregister(self, handle: int | None) -> None:
         """Delete a handle; free its storage when it was the last tensor on it."""
@@ -136,5 +143,11 @@ class HandleTable:
         storage = tensor.storage
         storage.count -= 1
         if storage.count == 0:
-            del self.live_storages[id(storage)]
-            storage.release()
+            self._release(storage)
+
+    def _release(self, storage: Storage) -> None:
+        """The last tensor on ``storage`` is gone."""
+        del self.live_storages[id(storage)]
+        if self.native_storages.get(storage.ptr) is storage:
+            del self.native_storages[storage.ptr]
+        storage.release()

@@ -74,7 +74,11 @@ class ModelRuns:
         predictable = native is not None and native.read(handle) is not None
         t = ctx.lookup(handle, "output")
         view = t.torch()
-        if t.storage.owned and t.storage.count == 1:
+        storage = t.storage
+        alone = storage.owned and storage.count == 1
+        if alone and native is not None and ctx.native_storages.get(storage.ptr) is storage:
+            alone = native.native_refs(storage.ptr) == 0  # no native view of it is left either
+        if alone:
             t.storage.hand_over()  # the caller's tensor keeps the memory; never recycle it
             result = view
         else:

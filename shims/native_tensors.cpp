@@ -29,7 +29,9 @@ ETM_EXPORT int8_t etm_itemsize[ETM_NDTYPES] = {0};
 ETM_EXPORT int64_t etm_native_limit = 0;  // set by Python (ShimContext.sync_native_policy)
 ETM_EXPORT int64_t etm_native_cache_limit = 0;  // CACHE_LIMIT while models are open
 ETM_EXPORT int64_t etm_native_live = 0, etm_native_borrowed = 0;
-ETM_EXPORT int64_t etm_native_bytes = 0, etm_native_cached = 0;
+ETM_EXPORT int64_t etm_native_bytes = 0, etm_native_cached = 0, etm_native_stores = 0;
+// 1 while _reinterpret_tensor may be served here (the context's materialize policy is "view")
+ETM_EXPORT int64_t etm_native_views = 0;
 // never destroyed: Python finalizers may free into it while the process exits
 static std::unordered_map<int64_t, std::vector<void*>>& etm_cache =
     *new std::unordered_map<int64_t, std::vector<void*>>();
@@ -43,7 +45,18 @@ static void etm_slot_give(etm_rec* r) {
   r->native = 0;
   etm_ring[etm_ring_put++ % ETM_NNAT] = (int32_t)(r - etm_recs);
 }
-ETM_EXPORT void* etm_mem_alloc(int64_t nbytes) {
+// Each native allocation starts with a header (64 bytes, so the data stays 64-byte aligned)
+// counting the references to it: one per native record that views it (etm_native_empty
+// and etm_native_view) plus one per Python Storage that adopted it (py_refs). A block
+// counts in etm_native_stores/etm_native_bytes while no Python Storage holds it (Python's
+// memory statistics count it as one of its own storages then).
+typedef struct {
+  int64_t refs, py_refs, nbytes, pad[5];
+} etm_block;
+static_assert(sizeof(etm_block) == 64, "the header keeps the data 64-byte aligned");
+static etm_block* etm_block_at(void* data) { return (etm_block*)data - 1; }
+
+static void* etm_mem_alloc(int64_t nbytes) {
   auto it = etm_cache.find(nbytes);
   if (it != etm_cache.end() && !it->second.empty()) {
     void* p = it->second.back();
@@ -52,38 +65,70 @@ ETM_EXPORT void* etm_mem_alloc(int64_t nbytes) {
     return p;
   }
   size_t n = ((size_t)nbytes + 63) & ~(size_t)63;
-  return aligned_alloc(64, n ? n : 64);
+  etm_block* b = (etm_block*)aligned_alloc(64, sizeof(etm_block) + n);
+  return b ? b + 1 : nullptr;
 }
-ETM_EXPORT void etm_mem_free(void* p, int64_t nbytes) {
+static void etm_mem_free(void* p, int64_t nbytes) {
   if (!p) return;
   if (etm_native_cached + nbytes <= etm_native_cache_limit) {
     etm_cache[nbytes].push_back(p);
     etm_native_cached += nbytes;
   } else {
-    free(p);
+    free(etm_block_at(p));
   }
 }
 ETM_EXPORT void etm_mem_empty_cache() {
   for (auto& kv : etm_cache)
-    for (void* p : kv.second) free(p);
+    for (void* p : kv.second) free(etm_block_at(p));
   etm_cache.clear();
   etm_native_cached = 0;
 }
-void etm_native_delete(etm_rec* r) {
-  if (r->native == 1) {
-    etm_mem_free((void*)(intptr_t)r->data_ptr, r->storage_bytes);
-    etm_native_bytes -= r->storage_bytes;
-  } else {
-    etm_native_borrowed--;
+// the data of the allocation a native record of kind 1 views
+static void* etm_block_data(const etm_rec* r) {
+  return (void*)(intptr_t)(r->data_ptr - r->offset * etm_itemsize[r->dtype]);
+}
+static void etm_block_unref(void* data) {
+  etm_block* b = etm_block_at(data);
+  if (--b->refs) return;
+  etm_native_stores--;
+  etm_native_bytes -= b->nbytes;
+  etm_mem_free(data, b->nbytes);
+}
+// a Python Storage over the allocation at data (etm_native_disown gave it its reference)
+// is gone; the allocation is freed when no native record views it either
+ETM_EXPORT void etm_block_unref_python(void* data) {
+  etm_block* b = etm_block_at(data);
+  if (--b->py_refs == 0) {  // C's again: counted as a native storage until freed
+    etm_native_stores++;
+    etm_native_bytes += b->nbytes;
   }
+  etm_block_unref(data);
+}
+// native records other than Python's storages that view the allocation at data
+ETM_EXPORT int64_t etm_block_native_refs(void* data) {
+  etm_block* b = etm_block_at(data);
+  return b->refs - b->py_refs;
+}
+void etm_native_delete(etm_rec* r) {
+  if (r->native == 1) etm_block_unref(etm_block_data(r));
+  else etm_native_borrowed--;
   etm_native_live--;
   etm_slot_give(r);
 }
-// Python adopted a native record (ShimContext.lookup): the allocation now belongs to a Storage
+// Python adopted a native record (ShimContext.lookup): the record's reference to its
+// allocation becomes the reference of a Python Storage (etm_block_unref_python drops it)
 ETM_EXPORT int32_t etm_native_disown(void* h) {
   etm_rec* r = etm_rec_of(h);
   if (!r || !r->native) return 1;
-  if (r->native == 1) etm_native_bytes -= r->storage_bytes; else etm_native_borrowed--;
+  if (r->native == 1) {
+    etm_block* b = etm_block_at(etm_block_data(r));
+    if (b->py_refs++ == 0) {  // Python's storage now: its statistics count it
+      etm_native_stores--;
+      etm_native_bytes -= b->nbytes;
+    }
+  } else {
+    etm_native_borrowed--;
+  }
   etm_native_live--;
   r->native = 0;
   return 0;
@@ -131,6 +176,10 @@ int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides,
   if (!r) return 0;
   void* p = etm_mem_alloc(nbytes);
   if (!p) { etm_slot_give(r); return 0; }
+  etm_block* b = etm_block_at(p);
+  b->refs = 1;
+  b->py_refs = 0;
+  b->nbytes = nbytes;
   r->data_ptr = (int64_t)(intptr_t)p;
   r->dim = ndim;
   r->offset = 0;
@@ -142,7 +191,62 @@ int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides,
   r->storage_bytes = nbytes;
   r->live = 1;
   etm_native_live++;
+  etm_native_stores++;
   etm_native_bytes += nbytes;
+  *ret = r;
+  return 1;
+}
+
+// elements a view spans (0 when it has none) in *extent, and its numel; false on a negative
+// size or stride or an overflow (Python then reports or serves the call)
+static bool etm_geometry(int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                         int64_t* numel, int64_t* extent) {
+  *numel = 1;
+  *extent = 1;
+  for (int64_t d = 0; d < ndim; d++) {
+    int64_t span;
+    if (sizes[d] < 0 || strides[d] < 0 || __builtin_mul_overflow(*numel, sizes[d], numel))
+      return false;
+    if (sizes[d] == 0) continue;
+    if (__builtin_mul_overflow(sizes[d] - 1, strides[d], &span) ||
+        __builtin_add_overflow(*extent, span, extent))
+      return false;
+  }
+  if (*numel == 0) *extent = 0;
+  return true;
+}
+
+int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                    int64_t offset_increment, void** ret) {
+  if (!etm_native_views || !ret || ndim < 0 || ndim > ETM_MAX_DIMS || (ndim && (!sizes || !strides)))
+    return 0;
+  etm_rec* base = etm_rec_of(self);
+  if (!base || !base->native) return 0;
+  int64_t item = etm_itemsize[base->dtype], offset, numel, extent, end = 0;
+  if (!item || __builtin_add_overflow(base->offset, offset_increment, &offset) || offset < 0 ||
+      !etm_geometry(ndim, sizes, strides, &numel, &extent))
+    return 0;
+  if (extent && (__builtin_add_overflow(offset, extent, &end) ||
+                 __builtin_mul_overflow(end, item, &end)))
+    return 0;
+  if (end > base->storage_bytes) return 0;  // out of its storage: Python reports it
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  // the same allocation (kind 1) or borrowed storage (kind 2), another geometry
+  char* data = (char*)(intptr_t)(base->data_ptr - base->offset * item);
+  r->data_ptr = (int64_t)(intptr_t)(data + offset * item);
+  r->dim = ndim;
+  r->offset = offset;
+  r->numel = numel;
+  r->dtype = base->dtype;
+  r->device_type = 0;
+  for (int64_t d = 0; d < ndim; d++) { r->sizes[d] = sizes[d]; r->strides[d] = strides[d]; }
+  r->native = base->native;
+  r->storage_bytes = base->storage_bytes;
+  if (r->native == 1) etm_block_at(data)->refs++;
+  else etm_native_borrowed++;
+  r->live = 1;
+  etm_native_live++;
   *ret = r;
   return 1;
 }
@@ -182,7 +286,7 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
     if (!r || r->native != 1 || rc != 0) continue;
     const etm_out* o = &c->outs[i];
     int64_t dst = c->dsts[i];
-    if (!dst || r->dtype != o->dtype || r->dim != o->dim || r->storage_bytes != o->nbytes ||
+    if (!dst || r->offset || r->dtype != o->dtype || r->dim != o->dim || r->storage_bytes != o->nbytes ||
         std::memcmp(r->sizes, o->sizes, sizeof(int64_t) * o->dim) ||
         std::memcmp(r->strides, o->strides, sizeof(int64_t) * o->dim))
       continue;

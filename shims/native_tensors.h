@@ -28,7 +28,7 @@ typedef struct {
   int32_t dtype, device_type;
   int64_t sizes[ETM_MAX_DIMS];
   int64_t strides[ETM_MAX_DIMS];
-  int64_t native;         // 0: Python's tensor; 1: owns a native allocation; 2: borrows an input
+  int64_t native;         // 0: Python's tensor; 1: views a native allocation; 2: borrows an input
   int64_t storage_bytes;  // native records: bytes of the allocation or the borrowed storage
 } etm_rec;
 
@@ -80,6 +80,10 @@ static inline etm_rec* etm_rec_of(void* h) {
 // empty_strided for host memory within the limit; 0: not served here (Python decides/reports)
 int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype,
                      int32_t device_type, int32_t device_index, void** ret);
+// _reinterpret_tensor of a native tensor: a native view of the same allocation or borrowed
+// storage; 0: not served here (the policy says materialize, an error for Python to report)
+int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                    int64_t offset_increment, void** ret);
 // free a native record (owned allocation or borrowed input) and give its slot back
 void etm_native_delete(etm_rec* r);
 

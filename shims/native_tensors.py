@@ -6,11 +6,17 @@ runner. So the trampoline serves them itself: a *native* record owns a host
 allocation (from a per-size free cache) or borrows a run's input, and lives in the
 upper half of the record table, which C manages as its own FIFO of free slots.
 
+``_reinterpret_tensor`` of a native tensor is served in C too (while the policy is
+"view"): a native view is another record over the same allocation, which counts its
+references (the records viewing it, and Python's storages) in a header before its data.
+
 Python never has to know about a native tensor unless it touches it: the first
 Python shim that looks a native handle up *adopts* it (``ShimContext.lookup``), turning it
-into an ordinary ``Tensor`` over a ``Storage`` that now owns the C allocation (freed
-back to the C cache when its last user, shim tensor or ATen view, goes). From then on
-everything (views, refcounts, errors) follows the Python object model.
+into an ordinary ``Tensor`` over a ``Storage`` that holds a reference to the C allocation
+(dropped when its last user, shim tensor or ATen view, goes; the memory goes back to the
+C cache when no native record views it either). Adopting a second view of the same
+allocation reuses that ``Storage``. From then on everything (views, refcounts, errors)
+follows the Python object model.
 
 ``etm_run`` is the steady-state run: it writes the input records from images the
 model prepared, runs the container, frees what the container left of the inputs, and
@@ -53,6 +59,10 @@ class LayoutError(RuntimeError):
 NATIVE_PATHS = {
     "aoti_torch_empty_strided": (
         "  if (etm_native_empty(a0, (const int64_t*)a1, (const int64_t*)a2, a3, a4, a5, (void**)a6)) {\n"
+        "    __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED); return 0; }\n"
+    ),
+    "aoti_torch__reinterpret_tensor": (
+        "  if (etm_native_view(a0, a1, (const int64_t*)a2, (const int64_t*)a3, a4, (void**)a5)) {\n"
         "    __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED); return 0; }\n"
     ),
     "aoti_torch_delete_tensor_object": (
@@ -230,20 +240,23 @@ class NativeTensors:
         self._cache_limit = ctypes.c_int64.in_dll(lib, "etm_native_cache_limit")
         self._counters = {
             name: ctypes.c_int64.in_dll(lib, f"etm_native_{name}")
-            for name in ("live", "borrowed", "bytes", "cached")
+            for name in ("live", "borrowed", "bytes", "cached", "stores")
         }
         for name, argtypes, restype in (
             ("etm_native_disown", [ctypes.c_void_p], ctypes.c_int32),
             ("etm_native_delete_handle", [ctypes.c_void_p], ctypes.c_int32),
             ("etm_slot_release", [ctypes.c_void_p], ctypes.c_int32),
-            ("etm_mem_free", [ctypes.c_void_p, ctypes.c_int64], None),
+            ("etm_block_unref_python", [ctypes.c_void_p], None),
+            ("etm_block_native_refs", [ctypes.c_void_p], ctypes.c_int64),
             ("etm_mem_empty_cache", [], None),
         ):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
         self.run = lib.etm_run
         self.run.argtypes, self.run.restype = [ctypes.c_void_p], ctypes.c_int32
-        self.free_memory = lib.etm_mem_free
+        # what a Python Storage over a native allocation calls when it goes (NativeBlock)
+        self.unref_python = lib.etm_block_unref_python
+        self._views = ctypes.c_int64.in_dll(lib, "etm_native_views")
         itemsizes = (ctypes.c_int8 * NDTYPES).in_dll(lib, "etm_itemsize")
         for code, size in ITEMSIZE.items():
             itemsizes[code] = size
@@ -254,6 +267,14 @@ class NativeTensors:
     def set_limit(self, nbytes: int) -> None:
         """Serve ``empty_strided`` natively up to ``nbytes`` (0: every allocation in Python)."""
         self._limit.value = nbytes
+
+    def set_views(self, on: bool) -> None:
+        """Serve ``_reinterpret_tensor`` of native tensors natively (the "view" policy)."""
+        self._views.value = int(on)
+
+    def native_refs(self, data: int) -> int:
+        """Native records viewing the allocation at ``data`` (besides Python's storages)."""
+        return self.lib.etm_block_native_refs(data)
 
     def in_native_half(self, handle: int) -> bool:
         return self.native_base <= handle < self.records_end
@@ -291,16 +312,17 @@ class NativeTensors:
 
 
 class NativeBlock:
-    """Owns one native allocation adopted by Python; frees it into the C cache when collected.
+    """Holds Python's reference to one native allocation; drops it when collected (the
+    allocation goes back to the C cache once no native record views it either).
 
     ``array`` is a ctypes view of the bytes that keeps this block alive, so ATen tensors
     made over it (``torch.frombuffer``) keep the memory valid for as long as they live.
     """
 
-    __slots__ = ("ptr", "nbytes", "_free", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "_unref", "__weakref__")
 
-    def __init__(self, ptr: int, nbytes: int, free) -> None:
-        self.ptr, self.nbytes, self._free = ptr, nbytes, free
+    def __init__(self, ptr: int, nbytes: int, unref) -> None:
+        self.ptr, self.nbytes, self._unref = ptr, nbytes, unref
 
     def array(self) -> ctypes.Array:
         arr = (ctypes.c_char * max(self.nbytes, 1)).from_address(self.ptr)
@@ -308,7 +330,7 @@ class NativeBlock:
         return arr
 
     def __del__(self) -> None:
-        free, self._free = self._free, None
-        if free is not None:
+        unref, self._unref = self._unref, None
+        if unref is not None:
             with contextlib.suppress(Exception):  # interpreter shutdown: the process is going
-                free(self.ptr, self.nbytes)
+                unref(self.ptr)

@@ -161,11 +161,11 @@ class Storage:
         )
 
     @classmethod
-    def native(cls, ptr: int, nbytes: int, free) -> Storage:
-        """Own an allocation the bridge made (``native_tensors``); ``free(ptr, nbytes)`` gives
-        it back once neither this storage nor any ATen view of it is left."""
+    def native(cls, ptr: int, nbytes: int, unref) -> Storage:
+        """Hold a reference to an allocation the bridge made (``native_tensors``);
+        ``unref(ptr)`` drops it once neither this storage nor any ATen view of it is left."""
         storage = cls(ptr, nbytes, owned=True)
-        storage._block = NativeBlock(ptr, nbytes, free)
+        storage._block = NativeBlock(ptr, nbytes, unref)
         return storage
 
     @classmethod

@@ -40,19 +40,115 @@ def test_native_empty_has_the_requested_geometry(cdrv, sizes, strides):
     assert cdrv.delete(h) == 0
 
 
-def test_python_adopts_a_native_tensor_and_keeps_view_semantics(cdrv):
+def _clone(cdrv, h: int) -> int:
+    """A Python shim call on ``h`` (adopts it if it is native)."""
+    out = ctypes.c_void_p()
+    assert cdrv.call("aoti_torch_clone", h, ctypes.byref(out)) == 0, last_error()
+    return out.value
+
+
+def test_native_view_shares_its_parent_and_keeps_it_alive(cdrv):
+    before = memory_stats()
     h = cdrv.empty((4, 6))
     cdrv.write(h, np.zeros((4, 6), np.float32))
-    rc, view = cdrv.reinterpret(h, (4, 3), (6, 1), 3)  # right half: a Python shim call
+    rc, view = cdrv.reinterpret(h, (4, 3), (6, 1), 3)  # right half, served in C
     assert rc == 0, last_error()
-    assert h in CTX.handles and not _is_native(h)  # adopted on first touch
+    assert _is_native(h) and _is_native(view) and not CTX.handles.keys() & {h, view}
+    assert cdrv.geometry(view) == ((4, 3), (6, 1), FLOAT32)
+    assert cdrv.ptr(view) == cdrv.ptr(h) + 3 * 4
+    stats = memory_stats()
+    assert (stats.tensors, stats.storages) == (before.tensors + 2, before.storages + 1)
+    assert stats.bytes == before.bytes + 4 * 6 * 4  # one allocation, two tensors
     cdrv.write(view, np.full((4, 3), 7, np.float32))
     want = np.zeros((4, 6), np.float32)
     want[:, 3:] = 7
     np.testing.assert_array_equal(cdrv.read(h), want)  # the write went to the parent
-    assert cdrv.delete(h) == 0  # the view keeps the storage alive
+    assert cdrv.delete(h) == 0  # the view keeps the allocation alive
+    again = [cdrv.empty((4, 6)) for _ in range(4)]  # same size: would reuse freed memory
+    for g in again:
+        cdrv.write(g, np.full((4, 6), -1, np.float32))
     np.testing.assert_array_equal(cdrv.read(view), want[:, 3:])
-    assert cdrv.delete(view) == 0
+    assert memory_stats().storages == before.storages + 1 + len(again)
+    for g in again + [view]:
+        assert cdrv.delete(g) == 0
+    assert memory_stats().live() == before.live()
+
+
+def test_view_of_a_view_accumulates_the_offset_and_checks_the_storage(cdrv):
+    h = cdrv.empty((10,))
+    cdrv.write(h, np.arange(10, dtype=np.float32))
+    rc, a = cdrv.reinterpret(h, (6,), (1,), 2)
+    assert rc == 0, last_error()
+    rc, b = cdrv.reinterpret(a, (2, 2), (2, 1), 3)  # offset 2 + 3 in the same storage
+    assert rc == 0, last_error()
+    assert _is_native(b)
+    np.testing.assert_array_equal(cdrv.read(b), np.arange(5, 9, dtype=np.float32).reshape(2, 2))
+    # one element too far: not served in C, so Python reports it (naming the storage size)
+    out = ctypes.c_void_p()
+    msg = cdrv.expect_failure(
+        "aoti_torch__reinterpret_tensor",
+        a,
+        1,
+        cdrv.i64s((4,)),
+        cdrv.i64s((2,)),
+        2,
+        ctypes.byref(out),
+        mentions="storage has 40 bytes",
+    )
+    assert "reaches byte 44" in msg
+    for neg_sizes, neg_strides in (((-1,), (1,)), ((2,), (-1,))):
+        cdrv.expect_failure(
+            "aoti_torch__reinterpret_tensor",
+            a,
+            1,
+            cdrv.i64s(neg_sizes),
+            cdrv.i64s(neg_strides),
+            0,
+            ctypes.byref(out),
+            mentions="negative",
+        )
+    for x in (b, a, h):
+        assert cdrv.delete(x) == 0
+
+
+def test_python_adopts_native_views_into_one_storage(cdrv):
+    before = memory_stats()
+    h = cdrv.empty((4, 6))
+    cdrv.write(h, np.arange(24, dtype=np.float32).reshape(4, 6))
+    views = [cdrv.reinterpret(h, (4, 3), (6, 1), k)[1] for k in (0, 3)]
+    copies = [_clone(cdrv, v) for v in views]  # adopts both views (Python shim calls)
+    assert not any(_is_native(v) for v in views) and _is_native(h)
+    t0, t1 = CTX.lookup(views[0]), CTX.lookup(views[1])
+    assert t0.storage is t1.storage and t0.storage.count == 2
+    assert memory_stats().storages == before.storages + 3  # the parent's, and two clones'
+    assert cdrv.delete(h) == 0  # the last native record: the allocation is Python's alone
+    cdrv.write(views[1], np.full((4, 3), 5, np.float32))
+    whole = CTX.lookup(views[0]).torch().as_strided((4, 6), (6, 1), 0)
+    assert (whole[:, 3:] == 5).all() and torch.equal(
+        whole[:, :3], torch.arange(24.0).reshape(4, 6)[:, :3]
+    )
+    np.testing.assert_array_equal(cdrv.read(copies[1]), np.arange(24.0).reshape(4, 6)[:, 3:])
+    for x in views + copies:
+        assert cdrv.delete(x) == 0
+    assert memory_stats().live() == before.live()
+
+
+def test_seed_policy_keeps_views_in_python(cdrv):
+    from etmetal.shims import set_materialize
+
+    h = cdrv.empty((4, 6))
+    previous = set_materialize("seed")
+    try:
+        rc, packed_copy = cdrv.reinterpret(h, (4, 3), (6, 1), 3)  # has holes: materialized
+        assert rc == 0, last_error()
+        assert not _is_native(packed_copy)
+        assert CTX.lookup(packed_copy).storage is not CTX.lookup(h).storage
+    finally:
+        set_materialize(previous)
+    rc, view = cdrv.reinterpret(h, (4, 3), (6, 1), 3)
+    assert rc == 0 and CTX.lookup(view).storage is CTX.lookup(h).storage
+    for x in (packed_copy, view, h):
+        assert cdrv.delete(x) == 0
 
 
 def test_aten_view_of_an_adopted_tensor_outlives_its_handle(cdrv):
