@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 import etmetal.shims
 from etmetal.backends.aoti_compile import compile_exported_program
+from etmetal.examples.strided_views import CASES_BY_NAME, exported
 from etmetal.shims import (
     AotiModel,
     AotiModelError,
@@ -186,28 +186,22 @@ def test_shims_for_names_the_loaded_trampoline_lacks_are_refused(other):
         other.register_shims({"aoti_torch_not_a_shim": lambda ctx: None})
 
 
-class ChunkCat(nn.Module):
-    """A kernel writes through two views with holes of one buffer (``chunk`` then ``cat``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.linear(x).chunk(2, dim=-1)
-        return torch.cat([-b, a], dim=-1)
-
-
 @pytest.fixture(scope="module")
 def chunk_cat(tmp_path_factory):
-    torch.manual_seed(0)
-    module = ChunkCat().eval()
-    x = torch.randn(4, 8)
-    art = compile_exported_program(torch.export.export(module, (x,)))
-    # a model file binds to the first context that loads it: the other context gets a copy
-    copy = tmp_path_factory.mktemp("other") / art.so_path.name
-    shutil.copy2(art.so_path, copy)
-    return module(x).detach(), x, art.so_path, copy, art.weights_path.read_bytes()
+    """A kernel writes through two views with holes of one buffer (``chunk`` then ``cat``):
+    the shared strided-view case, so its compile is the one test_models uses."""
+    case = CASES_BY_NAME["chunk_cat"]
+    ep = exported(case)
+    torch.manual_seed(1)
+    (x,) = case.make_inputs()
+    art = compile_exported_program(ep)
+    # a model file binds to the first context that loads it: each context here gets its own
+    # copy (other modules load the cached file in theirs)
+    files = []
+    for name in ("main", "other"):
+        files.append(tmp_path_factory.mktemp(name) / art.so_path.name)
+        shutil.copy2(art.so_path, files[-1])
+    return ep.module()(x).detach(), x, *files, art.weights_path.read_bytes()
 
 
 def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
