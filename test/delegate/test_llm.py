@@ -15,9 +15,6 @@ from etmetal.examples import llm
 from etmetal.runtime import Runtime
 from etmetal.runtime.errors import IntegrityError
 
-# the module as one block (its programs fixture lowers three programs): see test/conftest.py
-pytestmark = pytest.mark.heavy(seconds=150)
-
 PROMPT = torch.randint(0, llm.TINY.vocab, (1, 8), generator=torch.Generator().manual_seed(1))
 
 

@@ -12,7 +12,6 @@ import sys
 import pytest
 
 
-@pytest.mark.heavy(seconds=170)  # two lowerings, two libtorch builds, five processes
 def test_bench_llm_reports_latency_and_memory_for_both_layouts(tmp_path):
     md = tmp_path / "BENCH.md"
     md.write_text("# benchmarks\n\nkept\n")
