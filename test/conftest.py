@@ -14,6 +14,30 @@ def _seeded():
     yield
 
 
+@pytest.fixture(scope="session")
+def tiny_lm_programs(tmp_path_factory):
+    """The directory holding ``etmetal bench llm --config tiny``'s programs (the tiny LM,
+    weights and KV cache shared / upstream's one-blob layout), lowered once per suite run
+    by the bench's own code: xdist workers share the suite's temp directory, and the first
+    to ask lowers them under a lock while the others wait."""
+    from pathlib import Path
+
+    from filelock import FileLock
+
+    from etmetal.examples import llm
+    from etmetal.testing import llm_bench
+
+    suite_tmp = os.environ.get("ETMETAL_SUITE_TMPDIR")
+    if suite_tmp:
+        directory = Path(suite_tmp) / "tiny-lm-programs"
+        directory.mkdir(exist_ok=True)
+    else:
+        directory = tmp_path_factory.mktemp("tiny-lm-programs")
+    with FileLock(str(directory) + ".lock"):
+        llm_bench.lower_programs(llm.make_decoder_lm(llm.CONFIGS["tiny"]), "tiny", directory)
+    return directory
+
+
 def pytest_configure(config):
     # one intra-op thread per xdist worker: two workers on two cores
     if os.environ.get("PYTEST_XDIST_WORKER"):
