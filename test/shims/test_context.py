@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -44,13 +46,69 @@ FLOAT32 = 6
 XPU = DEVICE_CODES["xpu"]  # a device no context has built in
 
 
-@pytest.mark.parametrize("module", ALL_MODULES)
-def test_each_shims_module_imports_alone(module):
-    """A fresh interpreter imports the module first: no import cycle can leave it half-made."""
+# One interpreter imports torch, then forks a child per module, which imports that module
+# first: no etmetal module is loaded in any child before its own. A fresh interpreter per
+# module spent ~3 s of its ~3 s importing torch, which each module's chain loads anyway.
+_FRESH_IMPORTS = r"""
+import json, os, sys, traceback
+import torch
+assert not [m for m in sys.modules if m.split(".")[0] == "etmetal"]
+results = {}
+for name in sys.argv[2:]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        code = 0
+        try:
+            __import__(name)
+        except BaseException:
+            os.write(write, traceback.format_exc().encode())
+            code = 1
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        error = f.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    results[name] = {"exit_code": code, "error": error}
+with open(sys.argv[1], "w") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_imports(tmp_path_factory) -> dict[str, dict]:
+    """Each shims module (and a package with an import cycle, to show one is caught)
+    imported first in a process of its own: module name -> exit code and traceback."""
+    tmp = tmp_path_factory.mktemp("imports")
+    cycle = tmp / "cyclic"
+    cycle.mkdir()
+    (cycle / "__init__.py").write_text("")
+    (cycle / "a.py").write_text("from cyclic.b import B\nA = 1\n")
+    (cycle / "b.py").write_text("from cyclic.a import A\nB = 2\n")
+    names = [f"etmetal.shims.{m}" for m in ALL_MODULES] + ["cyclic.a"]
+    out = tmp / "results.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), *sys.path])}
     proc = subprocess.run(
-        [sys.executable, "-c", f"import etmetal.shims.{module}"], capture_output=True, text=True
+        [sys.executable, "-c", _FRESH_IMPORTS, str(out), *names],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("module", ALL_MODULES)
+def test_each_shims_module_imports_alone(module, fresh_imports):
+    """A fresh process imports the module first: no import cycle can leave it half-made."""
+    result = fresh_imports[f"etmetal.shims.{module}"]
+    assert result["exit_code"] == 0, result["error"][-2000:]
+
+
+def test_the_fresh_import_check_catches_an_import_cycle(fresh_imports):
+    result = fresh_imports["cyclic.a"]
+    assert result["exit_code"] == 1 and "partially initialized module" in result["error"]
 
 
 def _local_imports(path: Path) -> set[str]:
