@@ -99,7 +99,7 @@ def program_paths(config: str, directory: Path) -> dict[str, Path]:
     return {name: directory / f"lm_{config}_{name}.pte" for name in LAYOUTS}
 
 
-def lower_programs(model, config: str, directory: Path) -> dict[str, Path]:
+def lower_programs(model: torch.nn.Module, config: str, directory: Path) -> dict[str, Path]:
     """The two-method programs of ``model`` (the LM ``config``) in ``directory``, one per
     layout; a layout whose file is already there is not lowered again. A file appears
     whole (renamed into place), so a reader never sees half a program."""
