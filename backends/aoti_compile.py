@@ -150,11 +150,22 @@ def _spec_of(value: Any) -> str:
     return repr(value)
 
 
+def _graph_code(ep: torch.export.ExportedProgram) -> str:
+    """The graph's code (ops, arguments, dtypes and shapes) without its comment lines.
+
+    FX prints each node's Python source above it (``# File: /path/model.py:12 in forward,
+    code: ...``): where the model was written, not what it computes. Keyed with it, the
+    same program missed the cache in every checkout, in every test file that defines the
+    same module, and after any edit above a model's class."""
+    code = ep.graph_module.print_readable(print_output=False)
+    return "\n".join(line for line in code.splitlines() if not line.lstrip().startswith("#"))
+
+
 def cache_key(ep: torch.export.ExportedProgram, target: str, options: dict[str, Any]) -> str:
     """Content hash of everything that determines the compiled artifact."""
     h = hashlib.sha256()
     h.update(f"etmetal-aoti-{_CACHE_FORMAT}|{torch.__version__}|{target}".encode())
-    h.update(ep.graph_module.print_readable(print_output=False).encode())
+    h.update(_graph_code(ep).encode())
     h.update(str(ep.graph_signature).encode())
     h.update(str(sorted(ep.range_constraints.items(), key=str)).encode())
     for node in ep.graph.nodes:

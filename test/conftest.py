@@ -14,42 +14,34 @@ def _seeded():
     yield
 
 
+@pytest.fixture(scope="session")
+def tiny_lm_programs(tmp_path_factory):
+    """The directory holding ``etmetal bench llm --config tiny``'s programs (the tiny LM,
+    weights and KV cache shared / upstream's one-blob layout), lowered once per suite run
+    by the bench's own code: xdist workers share the suite's temp directory, and the first
+    to ask lowers them under a lock while the others wait."""
+    from pathlib import Path
+
+    from filelock import FileLock
+
+    from etmetal.examples import llm
+    from etmetal.testing import llm_bench
+
+    suite_tmp = os.environ.get("ETMETAL_SUITE_TMPDIR")
+    if suite_tmp:
+        directory = Path(suite_tmp) / "tiny-lm-programs"
+        directory.mkdir(exist_ok=True)
+    else:
+        directory = tmp_path_factory.mktemp("tiny-lm-programs")
+    with FileLock(str(directory) + ".lock"):
+        llm_bench.lower_programs(llm.make_decoder_lm(llm.CONFIGS["tiny"]), "tiny", directory)
+    return directory
+
+
 def pytest_configure(config):
     # one intra-op thread per xdist worker: two workers on two cores
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
-    config.addinivalue_line(
-        "markers",
-        "heavy(seconds): a test that takes minutes of one core (lowers LMs, runs a bench "
-        "CLI); run first so xdist never starts it last",
-    )
-    _steal_work(config)
-
-
-def _steal_work(config) -> None:
-    """``pytest -n N`` schedules with ``worksteal`` unless ``--dist`` was given.
-
-    xdist's default (``load``) hands out fixed chunks in collection order: a worker that
-    draws a minutes-long test near the end keeps running it while the other sits idle. With
-    the heavy tests first (below) and ``worksteal``, each worker starts on half the queue and
-    an idle one takes half of what the other has not started, so no heavy test is left to
-    the tail."""
-    if getattr(config.option, "dist", "no") != "load":
-        return
-    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
-    if any(a.startswith("--dist") for a in given):
-        return
-    config.option.dist = "worksteal"
-
-
-def pytest_collection_modifyitems(config, items):
-    # heavy tests first, the longest first; the rest keep their order (a stable sort), and
-    # a module marked heavy as a whole keeps its tests together for its module fixtures
-    def cost(item) -> float:
-        mark = item.get_closest_marker("heavy")
-        return -mark.kwargs.get("seconds", 1.0) if mark is not None else 0.0
-
-    items.sort(key=cost)
 
 
 # --- no temp files left behind (issue 8) ---------------------------------------------------

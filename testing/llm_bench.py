@@ -11,7 +11,8 @@ One run reports, side by side:
   each RSS figure comes from a fresh subprocess, and is also given above that process's
   baseline (its RSS after imports, before the program is read).
 
-Not part of ``bench all``: it compiles a 30M model (minutes on a cold cache). The suite
+Not part of ``bench all``: it compiles a 30M model (minutes on a cold cache);
+``--programs DIR`` keeps the two programs for the next run. The suite
 lives here rather than in ``scripts/`` (which holds the CLI and the other drivers) to
 keep ``scripts/`` small; ``etmetal bench llm`` runs it.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -42,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bm.add_common_arguments(parser, repeat=30)
     parser.add_argument("--config", default="30m", help="LM size: 30m (default) or tiny")
     parser.add_argument("--write-md", metavar="PATH", help="put the LLM section in this file")
+    parser.add_argument(
+        "--programs",
+        metavar="DIR",
+        help="keep the lowered programs in DIR: a program already there is reused as it is "
+        "(lowering the 30m LM takes minutes)",
+    )
     parser.add_argument("--rss-child", nargs=2, metavar=("PTE", "METHODS"), help=argparse.SUPPRESS)
 
 
@@ -82,15 +90,31 @@ def measure_rss(pte: Path, methods: str) -> dict[str, float]:
     }
 
 
-def _programs(model, tmp: Path) -> dict[str, Path]:
+# the two layouts the bench compares: does a layout share weights and the KV cache
+LAYOUTS = {"shared": True, "one_blob": False}
+
+
+def program_paths(config: str, directory: Path) -> dict[str, Path]:
+    """Where the programs of the LM ``config`` go in ``directory``, by layout."""
+    return {name: directory / f"lm_{config}_{name}.pte" for name in LAYOUTS}
+
+
+def lower_programs(model: torch.nn.Module, config: str, directory: Path) -> dict[str, Path]:
+    """The two-method programs of ``model`` (the LM ``config``) in ``directory``, one per
+    layout; a layout whose file is already there is not lowered again. A file appears
+    whole (renamed into place), so a reader never sees half a program."""
     from etmetal.examples import llm
 
-    paths = {}
-    for name, share in (("shared", True), ("one_blob", False)):
+    paths = program_paths(config, directory)
+    for name, path in paths.items():
+        if path.exists():
+            continue
+        share = LAYOUTS[name]
         exports = llm.lm_exports(model, prompt_len=PROMPT)  # lowering consumes them
         program = llm.lower_methods(exports, share_weights=share, share_mutable_buffers=share)
-        paths[name] = tmp / f"lm_{name}.pte"
-        paths[name].write_bytes(program.buffer)
+        part = path.with_name(path.name + ".part")
+        part.write_bytes(program.buffer)
+        os.replace(part, path)
     return paths
 
 
@@ -158,7 +182,9 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     print(f"LM {args.config}: {params / 1e6:.1f}M parameters, {torch.get_num_threads()} thread(s)")
     with tempfile.TemporaryDirectory(prefix="etmetal-bench-llm-") as tmp:
-        paths = _programs(model, Path(tmp))
+        directory = Path(args.programs or tmp)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = lower_programs(model, args.config, directory)
         rows = latency(model, paths["shared"], args)
         memory: dict[str, Any] = {}
         for name, path in paths.items():

@@ -29,7 +29,7 @@ from etmetal.shims.metal.msl_parse import (
     entry_source,
     find_kernels,
     float_literals,
-    in_metal_sources,
+    in_library_code,
     line_of,
     rewrite,
     rewrite_address_spaces,
@@ -194,7 +194,7 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
         so = Path(meta["so"])
         if so.exists():
             return so, [_kernel_from_json(k) for k in meta["kernels"]]
-    text = in_metal_sources(rewrite_address_spaces(_preprocess(source)), float_literals, str(HERE))
+    text = in_library_code(rewrite_address_spaces(_preprocess(source)), float_literals, str(HERE))
     kernels = find_kernels(text)
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}

@@ -15,6 +15,7 @@ where they stand:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Thread-position attributes -> the field of etm_msl_thread (msl_abi.h) that carries them.
@@ -206,21 +207,27 @@ _THREADGROUP = re.compile(r"\bthreadgroup\b(?!\s*\()")
 _KERNEL_WORD = re.compile(r"\bkernel\b(?=\s+void\b)")
 _CONSTANT = re.compile(r"\bconstant\b")
 _DOUBLE_CONST = re.compile(r"\bconst(\s+)const\b")
-_MARKER = re.compile(r'^# \d+ "[^"]*"([ \d]*)$', re.M)
+_MARKER = re.compile(r'^# \d+ "([^"]*)"([ \d]*)$', re.M)
 
 
-def _in_library_code(text: str, fn) -> str:
-    """Apply ``fn`` to the parts of preprocessed text that come from the library and c10's
-    headers, not from system headers (line-marker flag 3), whose identifiers are their own."""
-    out, pos, system = [], 0, False
+def in_library_code(text: str, fn: Callable[[str], str], own_dir: str | None = None) -> str:
+    """Apply ``fn`` to the parts of preprocessed text that come from the library and the
+    headers it includes (c10's), by the line markers: never to system headers (flag 3), whose
+    identifiers are their own. With ``own_dir``, not to etmetal's compatibility headers in it
+    nor to the preprocessor's ``<built-in>`` parts either: they are host C++ and keep C++'s
+    rules (literal types)."""
+    out, pos, library = [], 0, True
     for m in _MARKER.finditer(text):
         chunk = text[pos : m.start()]
-        out.append(chunk if system else fn(chunk))
+        out.append(fn(chunk) if library else chunk)
         out.append(m.group(0))
-        system = "3" in m.group(1).split()
+        path, flags = m.group(1), m.group(2).split()
+        library = "3" not in flags
+        if own_dir is not None:
+            library = library and not path.startswith((own_dir, "<"))
         pos = m.end()
     tail = text[pos:]
-    out.append(tail if system else fn(tail))
+    out.append(fn(tail) if library else tail)
     return "".join(out)
 
 
@@ -232,29 +239,11 @@ _FLOAT_LITERAL = re.compile(
     r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\''
     r"|(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?![\w.])"
 )
-_FILE_MARKER = re.compile(r'^# \d+ "([^"]*)"([ \d]*)$', re.M)
 
 
 def float_literals(text: str) -> str:
     """Give unsuffixed floating literals MSL's type (float) by appending ``f``."""
     return _FLOAT_LITERAL.sub(lambda m: m.group(0) + "f" if m.group(1) else m.group(0), text)
-
-
-def in_metal_sources(text: str, fn, own_dir: str) -> str:
-    """Apply ``fn`` to the library's own text and the Metal headers it includes (c10's), not
-    to system headers nor to etmetal's compatibility headers in ``own_dir``, which are host
-    C++ and keep C++'s literal rules."""
-    out, pos, metal = [], 0, True
-    for m in _FILE_MARKER.finditer(text):
-        chunk = text[pos : m.start()]
-        out.append(fn(chunk) if metal else chunk)
-        out.append(m.group(0))
-        path, flags = m.group(1), m.group(2).split()
-        metal = "3" not in flags and not path.startswith(own_dir) and not path.startswith("<")
-        pos = m.end()
-    tail = text[pos:]
-    out.append(fn(tail) if metal else tail)
-    return "".join(out)
 
 
 def constant_to_const(text: str) -> str:
@@ -263,7 +252,7 @@ def constant_to_const(text: str) -> str:
 
 
 def rewrite_address_spaces(text: str) -> str:
-    return _in_library_code(text, constant_to_const)
+    return in_library_code(text, constant_to_const)
 
 
 def rewrite(text: str) -> str:
@@ -283,7 +272,7 @@ def rewrite(text: str) -> str:
 
         return _THREADGROUP.sub(tg, chunk)
 
-    return _in_library_code(text, one)
+    return in_library_code(text, one)
 
 
 def entry_source(kernels: list[Kernel]) -> str:

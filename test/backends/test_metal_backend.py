@@ -184,6 +184,33 @@ def test_cache_key_changes_with_weights_and_shapes():
     assert aoti_compile.cache_key(ep, "host", options) != aoti_compile.cache_key(ep, "mps", options)
 
 
+class _ScaleA(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * 3.0
+
+
+class _ScaleB(nn.Module):  # the same computation, written on other lines
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * 3.0
+
+
+class _ScaleC(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * 4.0
+
+
+def test_cache_key_ignores_where_the_model_was_written():
+    x = torch.randn(3, 5)
+    a, b, c = (torch.export.export(m(), (x,)) for m in (_ScaleA, _ScaleB, _ScaleC))
+    # the graphs differ in their source comments only (each names its own line)
+    code = [e.graph_module.print_readable(print_output=False) for e in (a, b)]
+    assert code[0] != code[1] and f"{Path(__file__).name}:" in code[0]
+    options = aoti_compile.aoti_options()
+    key_a, key_b, key_c = (aoti_compile.cache_key(e, "host", options) for e in (a, b, c))
+    assert key_a == key_b
+    assert key_c != key_a  # the constant is in the code, not in a comment
+
+
 def test_several_methods_each_get_delegates():
     add, add_in = get_model_and_inputs("add")
     narrow, narrow_in = get_model_and_inputs("narrow_last_dim")

@@ -53,7 +53,6 @@ class _Logits(torch.nn.Module):
         return self.model(ids, return_dict=True).last_hidden_state
 
 
-@pytest.mark.heavy(seconds=40)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_small_hf_model_runs_whole_in_one_delegate_and_matches_eager(lowered, name):
     def build():

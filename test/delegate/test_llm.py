@@ -15,9 +15,6 @@ from etmetal.examples import llm
 from etmetal.runtime import Runtime
 from etmetal.runtime.errors import IntegrityError
 
-# the module as one block (its programs fixture lowers three programs): see test/conftest.py
-pytestmark = pytest.mark.heavy(seconds=150)
-
 PROMPT = torch.randint(0, llm.TINY.vocab, (1, 8), generator=torch.Generator().manual_seed(1))
 
 
@@ -31,13 +28,18 @@ def lm() -> llm.DecoderLM:
 
 
 @pytest.fixture(scope="module")
-def programs(lm) -> dict[str, bytes]:
+def programs(lm, tiny_lm_programs) -> dict[str, bytes]:
     """The tiny LM as two-method programs: shared weights with shared / per-method KV
-    caches, and upstream's one-blob layout (no sharing key)."""
+    caches, and upstream's one-blob layout (no sharing key). The first and last are the
+    programs ``etmetal bench llm --config tiny`` measures (lowered once per suite run, from
+    a model with ``lm``'s weights); the per-method one keeps the partitioner's default."""
+    from etmetal.testing.llm_bench import program_paths
+
+    paths = program_paths("tiny", tiny_lm_programs)
     return {
-        "shared_kv": _lower(lm, share_mutable_buffers=True),
+        "shared_kv": paths["shared"].read_bytes(),
         "own_kv": _lower(lm),
-        "one_blob": _lower(lm, share_weights=False),
+        "one_blob": paths["one_blob"].read_bytes(),
     }
 
 

@@ -12,11 +12,15 @@ import sys
 import pytest
 
 
-@pytest.mark.heavy(seconds=170)  # two lowerings, two libtorch builds, five processes
-def test_bench_llm_reports_latency_and_memory_for_both_layouts(tmp_path):
+def test_bench_llm_reports_latency_and_memory_for_both_layouts(tmp_path, tiny_lm_programs):
+    # the programs the bench lowers (its lower_programs), shared with test/delegate/test_llm
+    from etmetal.testing.llm_bench import program_paths
+
+    lowered = {p: p.stat().st_mtime_ns for p in program_paths("tiny", tiny_lm_programs).values()}
     md = tmp_path / "BENCH.md"
     md.write_text("# benchmarks\n\nkept\n")
     argv = ["--config", "tiny", "--repeat", "2", "--json", "out.json", "--write-md", str(md)]
+    argv += ["--programs", str(tiny_lm_programs)]
     proc = subprocess.run(
         [sys.executable, "-m", "etmetal.scripts.cli", "bench", "llm", *argv],
         capture_output=True,
@@ -25,6 +29,7 @@ def test_bench_llm_reports_latency_and_memory_for_both_layouts(tmp_path):
         env={**os.environ, "ETMETAL_PROGRESS": "0"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in lowered} == lowered  # reused, not lowered again
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["suite"] == "llm"
     assert [r["case"] for r in doc["rows"]] == ["prefill", "decode"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 import etmetal.shims
 from etmetal.backends.aoti_compile import compile_exported_program
+from etmetal.examples.strided_views import CASES_BY_NAME, exported
 from etmetal.shims import (
     AotiModel,
     AotiModelError,
@@ -44,13 +46,69 @@ FLOAT32 = 6
 XPU = DEVICE_CODES["xpu"]  # a device no context has built in
 
 
-@pytest.mark.parametrize("module", ALL_MODULES)
-def test_each_shims_module_imports_alone(module):
-    """A fresh interpreter imports the module first: no import cycle can leave it half-made."""
+# One interpreter imports torch, then forks a child per module, which imports that module
+# first: no etmetal module is loaded in any child before its own. A fresh interpreter per
+# module spent ~3 s of its ~3 s importing torch, which each module's chain loads anyway.
+_FRESH_IMPORTS = r"""
+import json, os, sys, traceback
+import torch
+assert not [m for m in sys.modules if m.split(".")[0] == "etmetal"]
+results = {}
+for name in sys.argv[2:]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        code = 0
+        try:
+            __import__(name)
+        except BaseException:
+            os.write(write, traceback.format_exc().encode())
+            code = 1
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        error = f.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    results[name] = {"exit_code": code, "error": error}
+with open(sys.argv[1], "w") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_imports(tmp_path_factory) -> dict[str, dict]:
+    """Each shims module (and a package with an import cycle, to show one is caught)
+    imported first in a process of its own: module name -> exit code and traceback."""
+    tmp = tmp_path_factory.mktemp("imports")
+    cycle = tmp / "cyclic"
+    cycle.mkdir()
+    (cycle / "__init__.py").write_text("")
+    (cycle / "a.py").write_text("from cyclic.b import B\nA = 1\n")
+    (cycle / "b.py").write_text("from cyclic.a import A\nB = 2\n")
+    names = [f"etmetal.shims.{m}" for m in ALL_MODULES] + ["cyclic.a"]
+    out = tmp / "results.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), *sys.path])}
     proc = subprocess.run(
-        [sys.executable, "-c", f"import etmetal.shims.{module}"], capture_output=True, text=True
+        [sys.executable, "-c", _FRESH_IMPORTS, str(out), *names],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("module", ALL_MODULES)
+def test_each_shims_module_imports_alone(module, fresh_imports):
+    """A fresh process imports the module first: no import cycle can leave it half-made."""
+    result = fresh_imports[f"etmetal.shims.{module}"]
+    assert result["exit_code"] == 0, result["error"][-2000:]
+
+
+def test_the_fresh_import_check_catches_an_import_cycle(fresh_imports):
+    result = fresh_imports["cyclic.a"]
+    assert result["exit_code"] == 1 and "partially initialized module" in result["error"]
 
 
 def _local_imports(path: Path) -> set[str]:
@@ -186,28 +244,22 @@ def test_shims_for_names_the_loaded_trampoline_lacks_are_refused(other):
         other.register_shims({"aoti_torch_not_a_shim": lambda ctx: None})
 
 
-class ChunkCat(nn.Module):
-    """A kernel writes through two views with holes of one buffer (``chunk`` then ``cat``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.linear(x).chunk(2, dim=-1)
-        return torch.cat([-b, a], dim=-1)
-
-
 @pytest.fixture(scope="module")
 def chunk_cat(tmp_path_factory):
-    torch.manual_seed(0)
-    module = ChunkCat().eval()
-    x = torch.randn(4, 8)
-    art = compile_exported_program(torch.export.export(module, (x,)))
-    # a model file binds to the first context that loads it: the other context gets a copy
-    copy = tmp_path_factory.mktemp("other") / art.so_path.name
-    shutil.copy2(art.so_path, copy)
-    return module(x).detach(), x, art.so_path, copy, art.weights_path.read_bytes()
+    """A kernel writes through two views with holes of one buffer (``chunk`` then ``cat``):
+    the shared strided-view case, so its compile is the one test_models uses."""
+    case = CASES_BY_NAME["chunk_cat"]
+    ep = exported(case)
+    torch.manual_seed(1)
+    (x,) = case.make_inputs()
+    art = compile_exported_program(ep)
+    # a model file binds to the first context that loads it: each context here gets its own
+    # copy (other modules load the cached file in theirs)
+    files = []
+    for name in ("main", "other"):
+        files.append(tmp_path_factory.mktemp(name) / art.so_path.name)
+        shutil.copy2(art.so_path, files[-1])
+    return ep.module()(x).detach(), x, *files, art.weights_path.read_bytes()
 
 
 def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
