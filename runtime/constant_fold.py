@@ -61,30 +61,58 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
     return t.untyped_storage().data_ptr(), start, start + t.numel() * size
 
 
+def _covered(lo: int, hi: int, spans: list[tuple[int, int]]) -> bool:
+    """Whether the byte spans cover all of [lo, hi)."""
+    for a, b in sorted(spans):
+        if a > lo:
+            return False
+        lo = max(lo, b)
+        if lo >= hi:
+            return True
+    return lo >= hi
+
+
 def _read_through_alias(
     table: ValueTable,
-    later: list[tuple[list[int], list[int]]],
+    later: list[tuple[list[int], list[int], bool]],
     out: int,
 ) -> bool:
-    """Whether an instruction after the copy reads another slot overlapping ``out``'s bytes
-    before any instruction writes that slot (then the slot holds the copy's result)."""
+    """Whether an instruction after the copy reads, through another slot, bytes of ``out``
+    that no instruction has overwritten since (then that slot holds the copy's result).
+
+    Memory planning hands the bytes of a dead value to later ones, so a later value over
+    the same bytes is normal; it only matters when it is read before being written."""
     vals = table.values
     storage, lo, hi = _byte_range(vals[out])
-    written: set[int] = set()
-    for args, rets in later:
+    moved: set[int] = set()  # slots a Move rewrote: they hold another value now
+    written: list[tuple[int, int]] = []  # bytes of [lo, hi) kernels overwrote since the copy
+    for args, rets, writes_bytes in later:
+        # a tuple return (``native_layer_norm.out``) is the list of the out tensors it wrote
+        rets = [*rets, *(j for i in rets for j in table.list_items.get(i, ()) if j >= 0)]
         # a tensor-list argument (``cat``) reads its items
         items = [j for i in args for j in table.list_items.get(i, ()) if j >= 0]
         for i in [*args, *items]:
-            if i == out or i in written or i in rets:
+            if i == out or i in moved or i in rets:
                 continue
             info = table.tensors.get(i)
             v = vals[i]
             if info is None or info.kind != "planned" or not isinstance(v, torch.Tensor):
                 continue
             s, a, b = _byte_range(v)
-            if s == storage and a < hi and lo < b:
+            a, b = max(a, lo), min(b, hi)
+            if s == storage and a < b and not _covered(a, b, written):
                 return True
-        written.update(rets)
+        if not writes_bytes:
+            moved.update(rets)
+            continue
+        for i in rets:
+            v = vals[i]
+            if table.tensors.get(i) is not None and isinstance(v, torch.Tensor):
+                s, a, b = _byte_range(v)
+                if s == storage and max(a, lo) < min(b, hi):
+                    written.append((max(a, lo), min(b, hi)))
+        if _covered(lo, hi, written):
+            return False  # every byte of the copy's result is overwritten: nothing reads it
     return False
 
 
@@ -107,21 +135,22 @@ def fold_constants(
     for ci, chain in enumerate(plan.chains):
         if any(isinstance(i.instr_args, schema.JumpFalseCall) for i in chain.instructions):
             continue
-        # (read, written) value slots of each instruction, for the alias check
-        slots: list[tuple[list[int], list[int]]] = []
+        # (read, written) value slots of each instruction and whether it writes the written
+        # slots' bytes (a kernel) or only rebinds them (a Move), for the alias check
+        slots: list[tuple[list[int], list[int], bool]] = []
         for ii, instr in enumerate(chain.instructions):
             a = instr.instr_args
             if isinstance(a, schema.KernelCall):
                 args, rets = split_args(
                     f"chain {ci} instruction {ii}", kernel_names[a.op_index], list(a.args)
                 )
-                slots.append((args, rets))
+                slots.append((args, rets, True))
             elif isinstance(a, schema.DelegateCall):
-                slots.append((list(a.args), []))
+                slots.append((list(a.args), [], True))
             elif isinstance(a, schema.MoveCall):
-                slots.append(([a.move_from], [a.move_to]))
+                slots.append(([a.move_from], [a.move_to], False))
             else:
-                slots.append(([], []))
+                slots.append(([], [], True))
         for ii, instr in enumerate(chain.instructions):
             a = instr.instr_args
             if not isinstance(a, schema.KernelCall) or kernel_names[a.op_index] not in FOLDABLE:

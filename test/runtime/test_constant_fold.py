@@ -122,3 +122,32 @@ def test_copy_read_through_an_aliasing_slot_is_not_folded(lower, stock, monkeypa
         got = folded.execute([x])[0]
         torch.testing.assert_close(got, stock(pte, [x])[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+
+
+class EncoderLayer(nn.Module):
+    """A transformer encoder layer: memory planning gives the bytes of every transposed
+    weight to later activations, which later views (the emitter's aliases of reshapes)
+    read only after a kernel wrote them; every weight's copy still folds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def test_weights_fold_when_their_bytes_are_reused_after_a_write(lower, stock, monkeypatch):
+    torch.manual_seed(0)
+    model = EncoderLayer().eval()
+    x = torch.randn(6, 2, 32)
+    pte = lower(model, (x,))
+    folded, plain = _method(pte, True, monkeypatch), _method(pte, False, monkeypatch)
+    assert _permute_steps(plain) >= 4  # the linears' weights at least
+    weights = sum(p.dim() == 2 for p in model.parameters())
+    assert _permute_steps(plain) - _permute_steps(folded) >= weights
+    for seed in range(2):
+        x = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(seed))
+        got = folded.execute([x])[0]
+        assert torch.equal(got, plain.execute([x])[0])
+        torch.testing.assert_close(got, stock(pte, [x])[0], rtol=1e-5, atol=1e-5)
