@@ -147,55 +147,6 @@ ETM_EXPORT int32_t etm_slot_release(void* h) {
   etm_slot_give((etm_rec*)h);
   return 0;
 }
-int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype,
-                     int32_t device_type, int32_t device_index, void** ret) {
-  if (etm_native_limit <= 0 || !ret || ndim < 0 || ndim > ETM_MAX_DIMS || device_type != 0 ||
-      (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
-      !etm_itemsize[dtype] || (ndim && !sizes))
-    return 0;
-  int64_t st[ETM_MAX_DIMS], numel = 1, extent = 1, acc = 1;
-  for (int64_t d = ndim - 1; d >= 0; d--) {
-    if (sizes[d] < 0) return 0;
-    st[d] = strides ? strides[d] : acc;
-    if (st[d] < 0 || __builtin_mul_overflow(acc, sizes[d] > 1 ? sizes[d] : 1, &acc)) return 0;
-  }
-  for (int64_t d = 0; d < ndim; d++) {
-    int64_t span;
-    if (__builtin_mul_overflow(numel, sizes[d], &numel)) return 0;
-    if (sizes[d] == 0) continue;
-    if (__builtin_mul_overflow(sizes[d] - 1, st[d], &span) ||
-        __builtin_add_overflow(extent, span, &extent))
-      return 0;
-  }
-  if (numel == 0) extent = 0;
-  int64_t nbytes;
-  if (__builtin_mul_overflow(extent, (int64_t)etm_itemsize[dtype], &nbytes) ||
-      nbytes > etm_native_limit)
-    return 0;
-  etm_rec* r = etm_slot_take();
-  if (!r) return 0;
-  void* p = etm_mem_alloc(nbytes);
-  if (!p) { etm_slot_give(r); return 0; }
-  etm_block* b = etm_block_at(p);
-  b->refs = 1;
-  b->py_refs = 0;
-  b->nbytes = nbytes;
-  r->data_ptr = (int64_t)(intptr_t)p;
-  r->dim = ndim;
-  r->offset = 0;
-  r->numel = numel;
-  r->dtype = dtype;
-  r->device_type = 0;
-  for (int64_t d = 0; d < ndim; d++) { r->sizes[d] = sizes[d]; r->strides[d] = st[d]; }
-  r->native = 1;
-  r->storage_bytes = nbytes;
-  r->live = 1;
-  etm_native_live++;
-  etm_native_stores++;
-  etm_native_bytes += nbytes;
-  *ret = r;
-  return 1;
-}
 
 // elements a view spans (0 when it has none) in *extent, and its numel; false on a negative
 // size or stride or an overflow (Python then reports or serves the call)
@@ -216,6 +167,55 @@ static bool etm_geometry(int64_t ndim, const int64_t* sizes, const int64_t* stri
   return true;
 }
 
+// a live native record of kind 1 (viewing the allocation at data) or 2 (borrowing)
+static void etm_fill(etm_rec* r, char* data, int64_t item, int64_t ndim, const int64_t* sizes,
+                     const int64_t* strides, int64_t offset, int64_t numel, int32_t dtype,
+                     int64_t kind, int64_t storage_bytes) {
+  r->data_ptr = (int64_t)(intptr_t)(data + offset * item);
+  r->dim = ndim;
+  r->offset = offset;
+  r->numel = numel;
+  r->dtype = dtype;
+  r->device_type = 0;
+  for (int64_t d = 0; d < ndim; d++) { r->sizes[d] = sizes[d]; r->strides[d] = strides[d]; }
+  r->native = kind;
+  r->storage_bytes = storage_bytes;
+  r->live = 1;
+  etm_native_live++;
+}
+
+int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype,
+                     int32_t device_type, int32_t device_index, void** ret) {
+  if (etm_native_limit <= 0 || !ret || ndim < 0 || ndim > ETM_MAX_DIMS || device_type != 0 ||
+      (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
+      !etm_itemsize[dtype] || (ndim && !sizes))
+    return 0;
+  int64_t st[ETM_MAX_DIMS], numel, extent, acc = 1;
+  for (int64_t d = ndim - 1; d >= 0; d--) {  // packed strides when none are given
+    if (sizes[d] < 0) return 0;
+    st[d] = strides ? strides[d] : acc;
+    if (__builtin_mul_overflow(acc, sizes[d] > 1 ? sizes[d] : 1, &acc)) return 0;
+  }
+  if (!etm_geometry(ndim, sizes, st, &numel, &extent)) return 0;
+  int64_t nbytes;
+  if (__builtin_mul_overflow(extent, (int64_t)etm_itemsize[dtype], &nbytes) ||
+      nbytes > etm_native_limit)
+    return 0;
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  void* p = etm_mem_alloc(nbytes);
+  if (!p) { etm_slot_give(r); return 0; }
+  etm_block* b = etm_block_at(p);
+  b->refs = 1;
+  b->py_refs = 0;
+  b->nbytes = nbytes;
+  etm_fill(r, (char*)p, etm_itemsize[dtype], ndim, sizes, st, 0, numel, dtype, 1, nbytes);
+  etm_native_stores++;
+  etm_native_bytes += nbytes;
+  *ret = r;
+  return 1;
+}
+
 int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_t* strides,
                     int64_t offset_increment, void** ret) {
   if (!etm_native_views || !ret || ndim < 0 || ndim > ETM_MAX_DIMS || (ndim && (!sizes || !strides)))
@@ -234,19 +234,10 @@ int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_
   if (!r) return 0;
   // the same allocation (kind 1) or borrowed storage (kind 2), another geometry
   char* data = (char*)(intptr_t)(base->data_ptr - base->offset * item);
-  r->data_ptr = (int64_t)(intptr_t)(data + offset * item);
-  r->dim = ndim;
-  r->offset = offset;
-  r->numel = numel;
-  r->dtype = base->dtype;
-  r->device_type = 0;
-  for (int64_t d = 0; d < ndim; d++) { r->sizes[d] = sizes[d]; r->strides[d] = strides[d]; }
-  r->native = base->native;
-  r->storage_bytes = base->storage_bytes;
+  etm_fill(r, data, item, ndim, sizes, strides, offset, numel, base->dtype, base->native,
+           base->storage_bytes);
   if (r->native == 1) etm_block_at(data)->refs++;
   else etm_native_borrowed++;
-  r->live = 1;
-  etm_native_live++;
   *ret = r;
   return 1;
 }
