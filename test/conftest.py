@@ -1,5 +1,5 @@
 """Suite-wide fixtures. Compiled AOTI artifacts are shared through the content-addressed
-cache of ``etmetal.backends.aoti_compile`` (under the user cache dir), so each distinct
+cache of ``etmetal.backend.aoti_compile`` (under the user cache dir), so each distinct
 model compiles once per machine, whichever xdist worker asks first."""
 
 import os
@@ -24,8 +24,8 @@ def tiny_lm_programs(tmp_path_factory):
 
     from filelock import FileLock
 
+    from etmetal.bench import llm as llm_bench
     from etmetal.examples import llm
-    from etmetal.testing import llm_bench
 
     suite_tmp = os.environ.get("ETMETAL_SUITE_TMPDIR")
     if suite_tmp:

@@ -35,7 +35,7 @@ def test_unknown_command_is_an_error_naming_it():
     assert "frobnicate" in out.stderr
 
 
-@pytest.mark.parametrize("module", ["etmetal.shims", "etmetal.runtime", "etmetal.backends"])
+@pytest.mark.parametrize("module", ["etmetal.shims", "etmetal.runtime", "etmetal.backend"])
 def test_subpackages_import(module):
     __import__(module)
 

@@ -109,7 +109,7 @@ def test_exit_code_is_nonzero_when_an_etmetal_row_is_not_exact(monkeypatch, caps
     # swap etmetal's config for the stock one: its rows must then fail the command
     from executorch.exir import ExecutorchBackendConfig
 
-    import etmetal.backends.config as config_module
+    import etmetal.layout.config as config_module
 
     monkeypatch.setattr(
         config_module,

@@ -17,10 +17,10 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree never 
 
 # public name -> module that defines it
 _LAZY = {
-    "backend_config": "etmetal.backends.config",
-    "MetalPartitioner": "etmetal.partitioner.metal_partitioner",
-    "MetalBackend": "etmetal.backends.metal_backend",
-    "lower": "etmetal.backends.lowering",
+    "backend_config": "etmetal.layout.config",
+    "MetalPartitioner": "etmetal.backend.metal_partitioner",
+    "MetalBackend": "etmetal.backend.metal_backend",
+    "lower": "etmetal.backend.lowering",
 }
 
 __all__ = ["__version__", *_LAZY]

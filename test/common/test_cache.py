@@ -70,7 +70,7 @@ def test_an_incomplete_directory_is_not_an_entry(tmp_path):
 
 
 def test_native_builds_are_entries_of_this_cache(tmp_path):
-    from etmetal.shims.native import build_shared
+    from etmetal.shims.model_link import build_shared
 
     lib = build_shared("probe", "libprobe.so", "int probe(void) { return 3; }\n", root=tmp_path)
     entry = lib.parent

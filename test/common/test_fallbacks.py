@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from etmetal.backends.mps_abi import MPS_RUNTIME_ABI
-from etmetal.backends.supported_ops import SUPPORTED_FALLBACKS
-from etmetal.backends.targets import TARGETS
+from etmetal.backend.mps_abi import MPS_RUNTIME_ABI
+from etmetal.backend.supported_ops import SUPPORTED_FALLBACKS
+from etmetal.backend.targets import TARGETS
 from etmetal.common.custom_ops import CUSTOM_OP_SHIMS
-from etmetal.common.fallbacks import (
+from etmetal.common.fallback_table import (
     FALLBACKS,
     PROXY_EXECUTOR_SHIM,
     RUNTIMES,
@@ -79,7 +79,7 @@ def test_custom_op_shims_are_upstreams():
     )
     from executorch.backends.apple.metal.ops.gather_qmv import metal_gather_qmv_c_shim
 
-    from etmetal.backends import torchao_ops
+    from etmetal.backend import torchao_ops
 
     torchao_ops.register()
     from torchao.experimental.ops.mps.cshim import torchao_op_c_shim

@@ -15,7 +15,7 @@ import etmetal
 from etmetal.common.native_build import WARNINGS, compiler
 
 PACKAGE = Path(etmetal.__file__).resolve().parent
-# the kernels' and the bridge's native code; shims/metal (the emulated Metal device's C++20,
+# the kernels' and the bridge's native code; src/etmetal/shims/metal (the emulated Metal device's C++20,
 # built by msl_compiler.py with its own flags) is not covered here yet
 FOLDERS = ("runtime/kernels/native", "shims")
 SOURCES = sorted(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etmetal.backends.lowering import lower
+from etmetal.backend.lowering import lower
 from etmetal.runtime import Runtime
 
 # pytest runs with --import-mode=importlib: make this folder's helper modules importable

@@ -33,7 +33,7 @@ def programs(lm, tiny_lm_programs) -> dict[str, bytes]:
     caches, and upstream's one-blob layout (no sharing key). The first and last are the
     programs ``etmetal bench llm --config tiny`` measures (lowered once per suite run, from
     a model with ``lm``'s weights); the per-method one keeps the partitioner's default."""
-    from etmetal.testing.llm_bench import program_paths
+    from etmetal.bench.llm import program_paths
 
     paths = program_paths("tiny", tiny_lm_programs)
     return {

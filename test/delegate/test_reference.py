@@ -11,12 +11,12 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
-import etmetal.backends.metal_backend as metal_backend
-from etmetal.backends.aoti_compile import compile_exported_program
-from etmetal.backends.config import backend_config
+import etmetal.backend.metal_backend as metal_backend
+from etmetal.backend.aoti_compile import compile_exported_program
+from etmetal.backend.metal_partitioner import MetalPartitioner
 from etmetal.examples import strided_views
 from etmetal.examples.metal_registry import get_model_and_inputs
-from etmetal.partitioner.metal_partitioner import MetalPartitioner
+from etmetal.layout.config import backend_config
 from etmetal.runtime import Runtime
 from etmetal.shims import memory_stats
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 class Demo:
     def __init__(self, name: str):
-        from etmetal.backends.lowering import lower  # noqa: I001 - models.demo: delegate branch
+        from etmetal.backend.lowering import lower  # noqa: I001 - models.demo: delegate branch
         from etmetal.examples.demo import get_demo
 
         self.name = name

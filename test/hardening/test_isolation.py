@@ -138,7 +138,7 @@ class _DynamicBatch(torch.nn.Module):
 
 
 def test_isolated_dynamic_output_shapes_follow_the_inputs():
-    from etmetal.backends.lowering import lower
+    from etmetal.backend.lowering import lower
 
     module = _DynamicBatch().eval()
     batch = torch.export.Dim("batch", min=2, max=8)

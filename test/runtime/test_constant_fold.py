@@ -1,4 +1,4 @@
-"""Load-time folding of layout copies of constants (``runtime/constant_fold.py``).
+"""Load-time folding of layout copies of constants (``src/etmetal/runtime/constant_fold.py``).
 
 References: the same program with folding turned off (bit-exact: the same ATen kernels
 run, only once instead of every execute), eager PyTorch and the stock runtime.

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from etmetal.backends.lowering import lower
+from etmetal.backend.lowering import lower
 
 # the user's script: load, execute, print the output, exit without destroy()
 SCRIPT = textwrap.dedent(

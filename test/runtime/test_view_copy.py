@@ -1,7 +1,7 @@
 """The ``aten::view_copy.out`` override: logical element order for any dim order.
 
 Kernel-level cases check it against eager ``reshape``; the regression matrix of
-``examples/view_copy.py`` checks whole programs lowered without the stock-kernel
+``src/etmetal/examples/view_copy.py`` checks whole programs lowered without the stock-kernel
 legalization (so every non-default-dim-order ``view_copy`` reaches the kernel).
 """
 
@@ -110,7 +110,7 @@ def _edge(case_name: str, skip_dim_order: bool):
 
 
 def _lower(case, skip_dim_order: bool, remove_view_copy: bool) -> bytes:
-    from etmetal.backends.config import backend_config
+    from etmetal.layout.config import backend_config
 
     # to_executorch rewrites the edge program in place: lower a copy of the cached one
     edge = copy.deepcopy(_edge(case.name, skip_dim_order))

@@ -14,7 +14,7 @@ import pytest
 
 def test_bench_llm_reports_latency_and_memory_for_both_layouts(tmp_path, tiny_lm_programs):
     # the programs the bench lowers (its lower_programs), shared with test/delegate/test_llm
-    from etmetal.testing.llm_bench import program_paths
+    from etmetal.bench.llm import program_paths
 
     lowered = {p: p.stat().st_mtime_ns for p in program_paths("tiny", tiny_lm_programs).values()}
     md = tmp_path / "BENCH.md"
@@ -53,7 +53,7 @@ def test_bench_llm_reports_latency_and_memory_for_both_layouts(tmp_path, tiny_lm
 
 def test_bench_all_write_md_keeps_the_llm_section(tmp_path):
     # bench all rewrites the report without running bench llm: the section carries over
-    from etmetal.testing.llm_bench import _SECTION, carry_section
+    from etmetal.bench.llm import _SECTION, carry_section
 
     section = f"{_SECTION[0]}\n## LLM\n\n| decode | 1 |\n{_SECTION[1]}"
     md = tmp_path / "BENCH.md"

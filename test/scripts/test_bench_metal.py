@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
+from etmetal.bench import metal as metal_bench
 from etmetal.scripts import bench_metal, bench_report
-from etmetal.testing import metal_bench
 
 
 def _args(argv: list[str]) -> argparse.Namespace:

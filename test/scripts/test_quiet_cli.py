@@ -100,7 +100,7 @@ def test_warnings_raised_inside_torch_are_dropped_and_others_kept():
             # a dependency's log record below ERROR is dropped, an error still shows
             assert not logging.getLogger("torchao.kernel").isEnabledFor(logging.WARNING)
             assert logging.getLogger("torchao.kernel").isEnabledFor(logging.ERROR)
-            assert logging.getLogger("etmetal.backends").getEffectiveLevel() < logging.ERROR
+            assert logging.getLogger("etmetal.backend").getEffectiveLevel() < logging.ERROR
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from etmetal.shims import BridgeError, last_error, load_bridge, memory_stats
-from etmetal.shims.dtypes import constant_shims
+from etmetal.shims.abi_codes import constant_shims
 
 
 def _libtorch_constant(name: str, restype):

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import etmetal.shims
-from etmetal.backends.aoti_compile import compile_exported_program
+from etmetal.backend.aoti_compile import compile_exported_program
 from etmetal.examples.strided_views import CASES_BY_NAME, exported
 from etmetal.shims import (
     AotiModel,
@@ -32,7 +32,7 @@ from etmetal.shims import (
     c_api,
     default_context,
 )
-from etmetal.shims.dtypes import DEVICE_CODES
+from etmetal.shims.abi_codes import DEVICE_CODES
 
 SHIMS_DIR = Path(etmetal.shims.__file__).parent
 MODULES = sorted(p.stem for p in SHIMS_DIR.glob("*.py") if p.stem != "__init__")

@@ -12,12 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from etmetal.backends.aoti_compile import compile_exported_program
-from etmetal.backends.input_checks import ENV_SWITCH
+import etmetal
+from etmetal.backend.aoti_compile import compile_exported_program
+from etmetal.backend.input_checks import ENV_SWITCH
 from etmetal.shims import AotiModel
 from etmetal.shims.model import AotiModelError
 
-PACKAGE = Path(__file__).resolve().parents[2] / "src" / "etmetal"
+PACKAGE = Path(etmetal.__file__).parent
 
 
 class ScaledShift(nn.Module):

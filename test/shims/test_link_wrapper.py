@@ -4,7 +4,7 @@ per-load directory takes its wrapper with it, and never as a new cache entry per
 import os
 import subprocess
 
-from etmetal.shims.native import cache_root, compiler, link_wrapper
+from etmetal.shims.model_link import cache_root, compiler, link_wrapper
 
 
 def _tiny_so(folder):

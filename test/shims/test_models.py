@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from etmetal.backends.aoti_compile import compile_exported_program
+from etmetal.backend.aoti_compile import compile_exported_program
 from etmetal.examples.strided_views import CASES, CASES_BY_NAME, exported
 from etmetal.shims import (
     HOST_ALLOCATOR,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from etmetal.shims import default_context, last_error, load_bridge
-from etmetal.shims.records import Records
+from etmetal.shims.record_table import Records
 
 GETTERS_1 = [  # (name, ctypes type of the out-parameter)
     ("aoti_torch_get_data_ptr", ctypes.c_void_p),

@@ -13,7 +13,7 @@ import ctypes
 import pytest
 
 from etmetal.shims import native_tensors as nt
-from etmetal.shims.native import WARNINGS, build_files
+from etmetal.shims.model_link import WARNINGS, build_files
 from etmetal.shims.native_tensors import LayoutError, check_layout, native_layout, python_layout
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from etmetal.shims import default_context, last_error
-from etmetal.shims.dtypes import DEVICE_CPU
+from etmetal.shims.abi_codes import DEVICE_CPU
 from etmetal.shims.proxy_executor import ExternNodeError, ProxyExecutor
 
 SHIM = "aoti_torch_proxy_executor_call_function"

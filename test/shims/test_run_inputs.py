@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from etmetal.backends.aoti_compile import compile_exported_program
+from etmetal.backend.aoti_compile import compile_exported_program
 from etmetal.shims import AotiModel, memory_stats
 
 

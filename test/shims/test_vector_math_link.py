@@ -1,7 +1,7 @@
 """A host ``.so`` that calls SLEEF vector math loads through the model's link group.
 
 Whether Inductor's CPU kernels call SLEEF depends on its cache state (see
-``shims/model.py``), so the suite cannot rely on a compiled model to exercise this path.
+``src/etmetal/shims/model.py``), so the suite cannot rely on a compiled model to exercise this path.
 ``native/sleef_exp.c`` calls SLEEF's vector exp and leaves it undefined, as such a
 ``.so`` does; it is linked into the same group a model gets and its results are checked
 against ``torch.exp``.
@@ -19,7 +19,7 @@ import torch
 
 from etmetal.shims import load_bridge
 from etmetal.shims.model import model_link_group
-from etmetal.shims.native import compiler, link_wrapper, undefined_symbols
+from etmetal.shims.model_link import compiler, link_wrapper, undefined_symbols
 
 SOURCE = Path(__file__).parent / "native" / "sleef_exp.c"
 

@@ -1,0 +1,37 @@
+"""``etmetal bench SUITE``: benchmarks side by side with the stock tools."""
+
+from etmetal.scripts.suites import make_command
+
+SUITES = {
+    "shims": ("etmetal.scripts.bench_shims", "ns per shim call and strided-gather bandwidth"),
+    "runtime": ("etmetal.scripts.bench_runtime", "runtime latency vs executorch.runtime and eager"),
+    "delegate": ("etmetal.scripts.bench_delegate", "delegate latency vs torch's AOTI runner"),
+    "lowering": ("etmetal.scripts.bench_lowering", "AOTI lowering time, cold vs cached"),
+    "overhead": (
+        "etmetal.scripts.bench_overhead",
+        "ns per shim call; view_copy and gather bandwidth vs a contiguous copy",
+    ),
+    "metal": (
+        "etmetal.scripts.bench_metal",
+        "emulated Metal: kernel launch overhead, per-kernel times, emulated/host ratio",
+    ),
+    "llm": (
+        "etmetal.bench.llm",
+        "a ~30M two-method decoder LM: latency vs eager and torch's AOTI runner; "
+        ".pte size and peak RSS with and without weight sharing",
+    ),
+    "all": (
+        "etmetal.scripts.bench_all",
+        "every suite, each in its own process; writes BENCHMARKS.md",
+    ),
+    "isolation": (
+        "etmetal.scripts.bench_isolation",
+        "execute latency with isolate=True vs in-process",
+    ),
+    "fuzz": (
+        "etmetal.scripts.bench_fuzz",
+        "seeded fuzz campaign over delegated programs (--cases N)",
+    ),
+}
+
+add_arguments, run = make_command(SUITES)

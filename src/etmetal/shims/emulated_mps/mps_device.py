@@ -1,0 +1,212 @@
+"""The emulated Metal device's memory: ``mps`` storage and the raw buffers of ``shim_mps.h``.
+
+On Apple silicon a shared-storage ``MTLBuffer`` is ordinary memory the CPU and GPU both
+address, so the emulation keeps it in host memory: an ``mps`` storage is a host
+allocation whose tensors report c10's device type 13 (``DeviceType::MPS``). Two kinds of
+memory exist, as on a Mac:
+
+- tensors from ``aoti_torch_empty_strided(..., device_type=mps)``: storages made by the
+  context's ``MpsAllocator`` (``MPS_DEVICE`` is registered on every ``ShimContext``),
+  counted like host ones in the context's live storages;
+- raw buffers from ``aoti_torch_mps_malloc`` (the model's constants blob): kept by address
+  in the context's ``MpsState`` until ``aoti_torch_mps_free``. ``aoti_torch_mps_memcpy`` / ``copy_buffer`` fill
+  them; both check that the bytes they write lie inside one such buffer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from etmetal.shims.abi_codes import DEVICE_CODES
+from etmetal.shims.registry import put_ptr, shim
+from etmetal.shims.storage import HostAllocator, ShimError
+
+DEVICE_MPS = DEVICE_CODES["mps"]  # c10::DeviceType::MPS
+
+
+class MpsAllocator(HostAllocator):
+    """Host memory standing for shared-storage ``MTLBuffer``s (page-aligned, like Metal's).
+
+    No free-buffer cache: every storage released is given back at once, so live ``mps``
+    memory is exactly what the model holds.
+    """
+
+    device_type = DEVICE_MPS
+    alignment = 64
+
+    def __init__(self) -> None:
+        super().__init__(cache_limit_bytes=0)
+
+
+@dataclass
+class RawBuffer:
+    """One ``aoti_torch_mps_malloc`` allocation (the tensor keeps the memory)."""
+
+    ptr: int
+    nbytes: int
+    memory: torch.Tensor
+
+
+@dataclass
+class Library:
+    handle: int
+    compiled: object  # msl.MslLibrary
+    functions: dict[str, int] = field(default_factory=dict)  # kernel name -> function handle
+
+
+@dataclass
+class Function:
+    handle: int
+    library: int
+    name: str
+    kernel: object  # msl.MslFunction
+    # the buffer indices the kernel takes: a dispatch must bind exactly these (checked
+    # against this set, made once, on every dispatch)
+    indices: frozenset[int] = frozenset()
+    encoding: bool = False
+    args: dict[int, int] = field(default_factory=dict)  # buffer index -> address
+    what: dict[int, str] = field(default_factory=dict)  # buffer index -> description
+    slots: list = field(default_factory=list)  # int64 slots set_arg_int owns (kept alive)
+
+
+@dataclass
+class MpsState:
+    """What one context's emulated Metal device holds besides its storages."""
+
+    # contents pointer -> buffer, as upstream's ptr_to_mtl_buffer
+    buffers: dict[int, RawBuffer] = field(default_factory=dict)
+    # their contents pointers, sorted: a copy finds its buffer by bisection
+    starts: list[int] = field(default_factory=list)
+    libraries: dict[int, Library] = field(default_factory=dict)
+    functions: dict[int, Function] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=lambda: {"dispatches": 0, "libraries_created": 0})
+    # the first launch failure of the run in progress: the Metal wrapper ignores the
+    # return codes of these calls, so the run checks this afterwards
+    unchecked_error: str = ""
+    next_id: object = field(default_factory=lambda: itertools.count(1).__next__)
+
+
+def _context(ctx):
+    if ctx is None:  # the package-level helpers act on the default context
+        from etmetal.shims.context import default_context
+
+        return default_context()
+    return ctx
+
+
+def mps_state(ctx=None) -> MpsState:
+    """The emulated Metal device's state in ``ctx`` (made on first use)."""
+    ctx = _context(ctx)
+    st = ctx.device_state.get("mps")
+    if st is None:
+        st = ctx.device_state["mps"] = MpsState()
+    return st
+
+
+def live_mps_storages(ctx=None) -> int:
+    """Live ``mps`` memory objects: storages with tensors on them plus ``mps_malloc`` buffers."""
+    ctx = _context(ctx)
+    tensors = sum(1 for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS)
+    return tensors + len(mps_state(ctx).buffers)
+
+
+def live_mps_bytes(ctx=None) -> int:
+    ctx = _context(ctx)
+    owned = sum(
+        s.nbytes for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS and s.owned
+    )
+    return owned + sum(b.nbytes for b in mps_state(ctx).buffers.values())
+
+
+def take_unchecked_error(ctx) -> str:
+    """The launch failure the wrapper could not see since the last call (cleared)."""
+    st = mps_state(ctx)
+    message, st.unchecked_error = st.unchecked_error, ""
+    return message
+
+
+def _buffer_span(ctx, ptr: int, nbytes: int, what: str) -> RawBuffer:
+    """The malloc'd buffer holding ``[ptr, ptr + nbytes)``; an error naming ``what`` if none."""
+    st = mps_state(ctx)
+    # live buffers never overlap: only the one starting last at or before ptr can hold it
+    i = bisect.bisect_right(st.starts, ptr) - 1
+    if i >= 0:
+        buf = st.buffers[st.starts[i]]
+        if ptr + nbytes <= buf.ptr + buf.nbytes:
+            return buf
+    raise ShimError(
+        f"{what}: bytes [{ptr:#x}, +{nbytes}) are not inside a buffer from "
+        "aoti_torch_mps_malloc (unknown or freed buffer, or the copy overruns it)"
+    )
+
+
+def _check_size(value: int, what: str) -> int:
+    if value < 0 or value > (1 << 48):
+        raise ShimError(f"{what} {value} is not a valid byte count")
+    return value
+
+
+@shim
+def aoti_torch_mps_malloc(ctx, buffer, num_bytes):
+    if not buffer:
+        raise ShimError("output pointer buffer is NULL")
+    _check_size(num_bytes, "num_bytes")
+    if num_bytes == 0:  # as upstream: no buffer, a NULL contents pointer
+        put_ptr(buffer, 0, "buffer")
+        return
+    memory = ctx.allocator(DEVICE_MPS).allocate(num_bytes)
+    ptr = memory.data_ptr()
+    st = mps_state(ctx)
+    st.buffers[ptr] = RawBuffer(ptr, num_bytes, memory)
+    bisect.insort(st.starts, ptr)
+    put_ptr(buffer, ptr, "buffer")
+
+
+@shim
+def aoti_torch_mps_free(ctx, ptr):
+    if not ptr:
+        return  # freeing NULL is a no-op, as upstream
+    st = mps_state(ctx)
+    if st.buffers.pop(ptr, None) is None:
+        raise ShimError(
+            f"pointer {ptr:#x} is not a live buffer from aoti_torch_mps_malloc "
+            "(double free or foreign memory)"
+        )
+    del st.starts[bisect.bisect_left(st.starts, ptr)]
+
+
+@shim
+def aoti_torch_mps_memcpy(ctx, buffer, constant_offset, bytes_read, data_size, constants_start):
+    """Copy constant bytes ``constants_start[bytes_read:+data_size]`` to ``buffer+constant_offset``."""
+    if not buffer or not constants_start:
+        raise ShimError("buffer or constants_start is NULL")
+    for value, what in ((constant_offset, "constant_offset"), (bytes_read, "bytes_read")):
+        _check_size(value, what)
+    _check_size(data_size, "data_size")
+    if data_size == 0:
+        return
+    dst = buffer + constant_offset
+    _buffer_span(ctx, dst, data_size, "aoti_torch_mps_memcpy destination")
+    ctypes.memmove(dst, constants_start + bytes_read, data_size)
+
+
+@shim
+def aoti_torch_mps_copy_buffer(ctx, src_buffer, dst_buffer, data_size, src_offset, dst_offset):
+    if not src_buffer or not dst_buffer:
+        raise ShimError("src_buffer or dst_buffer is NULL")
+    for value, what in (
+        (data_size, "data_size"),
+        (src_offset, "src_offset"),
+        (dst_offset, "dst_offset"),
+    ):
+        _check_size(value, what)
+    if data_size == 0:
+        return
+    dst = dst_buffer + dst_offset
+    _buffer_span(ctx, dst, data_size, "aoti_torch_mps_copy_buffer destination")
+    ctypes.memmove(dst, src_buffer + src_offset, data_size)

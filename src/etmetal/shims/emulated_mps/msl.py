@@ -1,0 +1,199 @@
+"""Metal shader libraries executed on the CPU (the emulated Metal device's kernels).
+
+::
+
+    lib = compile_library(msl_source)            # cached by content; MslError if it fails
+    fn = lib.function("generated_kernel")        # MslError naming an unknown kernel
+    fn.dispatch({0: out_ptr, 1: in_ptr, 2: addressof(n_slot)}, threads=(n,), group=None)
+
+``args[i]`` is the address bound to ``[[buffer(i)]]``: the data pointer of a ``device`` /
+``constant`` pointer parameter, or for a by-reference scalar (``constant long& n``) the
+address of a slot holding the value. ``threads`` is the total thread count per dimension
+(Metal's ``dispatchThreads``: tail threadgroups are partial), ``group`` the threadgroup size
+(None: up to 256 threads in x, within the kernel's
+``[[max_total_threads_per_threadgroup]]``). Every error is an ``MslError`` naming the kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from etmetal.shims.emulated_mps.msl_compiler import CompileError, build_library, dispatcher_path
+from etmetal.shims.emulated_mps.msl_parse import Kernel, ParseError
+
+__all__ = ["MslError", "MslFunction", "MslLibrary", "compile_library"]
+
+DEFAULT_GROUP = 256
+MAX_THREADS_PER_GROUP = 1024
+
+
+class MslError(Exception):
+    """A shader library or a dispatch failed; the message names the kernel."""
+
+    def __init__(self, message: str, *, kernel: str | None = None, construct: str | None = None):
+        super().__init__(message)
+        self.kernel = kernel
+        self.construct = construct
+
+
+_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+# Process-wide on purpose, not shim state: a compiled library is immutable code, and dlopen
+# maps a path once per process (nor can it be unloaded while a kernel of it may run), so
+# every ShimContext shares one library per source text, and the dispatcher they link against.
+_lock = threading.Lock()
+_libraries: dict[str, MslLibrary] = {}
+
+
+@functools.cache  # the dispatcher's dlopen handle: one per process, like the libraries
+def _dispatch_fn() -> ctypes._CFuncPtr:
+    fn = ctypes.CDLL(str(dispatcher_path())).etm_msl_dispatch
+    fn.restype = ctypes.c_int
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.c_char_p,
+        ctypes.c_uint64,
+    ]
+    return fn
+
+
+class MslFunction:
+    """One kernel of a library, ready to dispatch."""
+
+    def __init__(self, library: MslLibrary, kernel: Kernel, entry: int) -> None:
+        self.library = library
+        self.name = kernel.name
+        self.buffer_indices: tuple[int, ...] = kernel.buffer_indices
+        self.max_threads_per_group = kernel.max_threads or MAX_THREADS_PER_GROUP
+        self._entry = entry
+        self._index_set = frozenset(self.buffer_indices)
+        self._slot_type = ctypes.c_void_p * (
+            (max(self.buffer_indices) + 1) if self.buffer_indices else 1
+        )
+        self._dispatch = _dispatch_fn()
+
+    def __repr__(self) -> str:
+        return f"MslFunction({self.name!r}, buffers={self.buffer_indices})"
+
+    def _error(self, message: str) -> MslError:
+        return MslError(f"kernel '{self.name}': {message}", kernel=self.name)
+
+    def _dims(self, what: str, value: Sequence[int]) -> tuple[int, int, int]:
+        dims = tuple(value)
+        if len(dims) == 3 and all(type(d) is int and d >= 0 for d in dims):
+            return dims  # type: ignore[return-value]
+        if not 1 <= len(dims) <= 3:
+            raise self._error(f"{what} must have 1 to 3 dimensions, got {dims}")
+        for d in dims:
+            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+                raise self._error(f"{what} must be non-negative integers, got {dims}")
+        return tuple(dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
+
+    def _check_args(self, args: Mapping[int, int]) -> None:
+        missing = [i for i in self.buffer_indices if i not in args]
+        if missing:
+            raise self._error(
+                f"no argument for [[buffer({missing[0]})]] (takes {self.buffer_indices})"
+            )
+        extra = sorted(i for i in args if i not in self._index_set)
+        if extra:
+            raise self._error(
+                f"argument {extra[0]} has no [[buffer({extra[0]})]] parameter "
+                f"(takes {self.buffer_indices})"
+            )
+
+    def dispatch(
+        self,
+        args: Mapping[int, int],
+        threads: Sequence[int],
+        group: Sequence[int] | None = None,
+    ) -> None:
+        if args.keys() != self._index_set:
+            self._check_args(args)
+        t = self._dims("threads", threads)
+        if group is None:
+            g = (max(1, min(t[0], DEFAULT_GROUP, self.max_threads_per_group)), 1, 1)
+        else:
+            g = self._dims("threadgroup size", group)
+            if 0 in g:
+                raise self._error(f"threadgroup size {tuple(group)} has a zero dimension")
+        if g[0] * g[1] * g[2] > self.max_threads_per_group:
+            raise self._error(
+                f"threadgroup size {g} exceeds the kernel's {self.max_threads_per_group} threads"
+            )
+        slots = self._slot_type()
+        for i, a in args.items():
+            if type(a) is not int or a <= 0:
+                raise self._error(f"argument {i} is not an address: {a!r}")
+            slots[i] = a
+        err = _error_buffer()
+        if self._dispatch(self._entry, slots, _U64x3(*t), _U64x3(*g), err, len(err)) != 0:
+            raise self._error(err.value.decode(errors="replace"))
+
+
+_U64x3 = ctypes.c_uint64 * 3
+# each thread's scratch for a failed dispatch's message: written and read within one
+# dispatch, so it carries nothing from one call (or context) to the next
+_local = threading.local()
+
+
+def _error_buffer() -> ctypes.Array:
+    buf = getattr(_local, "err", None)
+    if buf is None:
+        buf = _local.err = ctypes.create_string_buffer(600)
+    return buf
+
+
+class MslLibrary:
+    """A compiled shader library: its kernels by name."""
+
+    def __init__(self, so_path: Path, kernels: list[Kernel]) -> None:
+        _dispatch_fn()  # the dispatcher first: the library links against it by path
+        self.path = so_path
+        self._dll = ctypes.CDLL(str(so_path))
+        self._kernels = {k.name: (k, i) for i, k in enumerate(kernels)}
+        self.kernel_names: tuple[str, ...] = tuple(k.name for k in kernels)
+        self._functions: dict[str, MslFunction] = {}
+
+    def function(self, name: str) -> MslFunction:
+        fn = self._functions.get(name)
+        if fn is not None:
+            return fn
+        if name not in self._kernels:
+            raise MslError(
+                f"kernel '{name}' is not in the library (it has {list(self.kernel_names)})",
+                kernel=name,
+            )
+        kernel, i = self._kernels[name]
+        entry = ctypes.cast(getattr(self._dll, f"etm_msl_entry_{i}"), ctypes.c_void_p).value
+        fn = self._functions[name] = MslFunction(self, kernel, entry)
+        return fn
+
+
+def compile_library(source: str) -> MslLibrary:
+    """Compile (or fetch from the cache) a shader library. Raises MslError."""
+    if not isinstance(source, str):
+        raise MslError(f"a shader library's source must be text, got {type(source).__name__}")
+    with _lock:
+        lib = _libraries.get(source)
+        if lib is not None:
+            return lib
+        try:
+            so, kernels = build_library(source)
+        except CompileError as e:
+            raise MslError(
+                f"kernel '{e.kernel}': the Metal construct '{e.construct}' is not supported "
+                f"on this host ({e.detail})",
+                kernel=e.kernel,
+                construct=e.construct,
+            ) from None
+        except ParseError as e:
+            raise MslError(f"kernel '{e.kernel}': {e}", kernel=e.kernel) from None
+        lib = _libraries[source] = MslLibrary(so, kernels)
+        return lib

@@ -1,0 +1,222 @@
+"""Compile a Metal shader library's source for this host.
+
+The source is preprocessed by the system C++ compiler with ``msl_compat.h`` force-included
+(``#include <c10/metal/...>`` resolves against torch's installed headers, ``<metal_stdlib>``
+and friends against empty stand-ins), rewritten into plain C++ (``msl_parse``), given one
+``extern "C"`` entry per kernel and built into a shared object linked against the dispatcher
+(``msl_dispatch.cpp``). Builds are cached by content (``native.build_shared``), and an index
+keyed by the source maps it to the built library, so creating a library seen before skips
+the preprocessor too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+
+from etmetal.shims.emulated_mps.msl_parse import (
+    Kernel,
+    Param,
+    ParseError,
+    entry_source,
+    find_kernels,
+    float_literals,
+    in_library_code,
+    line_of,
+    rewrite,
+    rewrite_address_spaces,
+)
+from etmetal.shims.model_link import NativeBuildError, build_shared, cache_root, compiler
+
+HERE = Path(__file__).resolve().parent
+SOURCE_NAME = "library.metal"
+_FORMAT = 1
+_STD = "-std=c++20"
+# -fno-math-errno lets sqrt & co. inline; no -ffast-math: NaN/inf handling must stay IEEE.
+_FLAGS = (_STD, "-O2", "-w", "-fno-math-errno", "-fno-strict-aliasing", "-fvisibility=hidden")
+# Metal's standard headers: everything they declare comes from msl_compat.h.
+_STUB_HEADERS = (
+    "metal_stdlib", "metal_compute", "metal_atomic", "metal_array", "metal_math",
+    "metal_simdgroup", "metal_integer", "metal_relational", "metal_common", "metal_geometric",
+    "metal_numeric", "metal_types", "metal_type_traits", "metal_limits", "metal_pack",
+    "metal_matrix", "metal_simdgroup_matrix", "metal_utility", "metal_stdint",
+)  # fmt: skip
+
+
+class CompileError(Exception):
+    """The library does not compile; ``kernel`` and ``construct`` say where and what."""
+
+    def __init__(self, kernel: str, construct: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kernel = kernel
+        self.construct = construct
+        self.detail = detail
+
+
+def _header_text() -> str:
+    return "".join(p.read_text() for p in sorted(HERE.glob("*.h")))
+
+
+# process-wide memos of facts fixed for the process (torch's install, a built file):
+# no context's state
+@lru_cache(maxsize=1)
+def torch_include_dir() -> str | None:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    inc = Path(next(iter(spec.submodule_search_locations))) / "include"
+    return str(inc) if inc.is_dir() else None
+
+
+@lru_cache(maxsize=1)
+def dispatcher_path() -> Path:
+    """The dispatcher's shared object (built once per content)."""
+    src = (HERE / "msl_dispatch.cpp").read_text()
+    src = src.replace('#include "msl_abi.h"', (HERE / "msl_abi.h").read_text())
+    return build_shared(
+        "msl-dispatch",
+        "libetmetal_msl_dispatch.so",
+        src,
+        lang="c++",
+        flags=("-std=c++17", "-O2", "-fno-exceptions"),
+    )
+
+
+def _stub_dir() -> Path:
+    d = cache_root() / "msl" / "include"
+    if not all((d / n).exists() for n in _STUB_HEADERS):
+        d.mkdir(parents=True, exist_ok=True)
+        for name in _STUB_HEADERS:
+            (d / name).write_text("// stand-in: etmetal's msl_compat.h declares this\n")
+    return d
+
+
+def _preprocess(source: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / SOURCE_NAME
+        path.write_text(source)
+        cmd = [compiler("c++"), "-E", "-x", "c++", _STD, "-include", str(HERE / "msl_compat.h")]
+        cmd += ["-I", str(HERE), "-I", str(_stub_dir())]
+        if torch_include_dir():
+            cmd += ["-I", torch_include_dir()]
+        proc = subprocess.run(cmd + [SOURCE_NAME], capture_output=True, text=True, cwd=tmp)
+    if proc.returncode != 0:
+        raise _diagnose(proc.stderr, "", [])
+    return proc.stdout
+
+
+def _locations(stderr: str) -> list[tuple[str, int]]:
+    return [(m.group(1), int(m.group(2))) for m in re.finditer(r"^([^:\n]+):(\d+):", stderr, re.M)]
+
+
+_CONSTRUCT_PATTERNS = (
+    r"'([^']+)' was not declared in this scope",
+    r"'([^']+)' is not a member of '([^']+)'",
+    r"has no member named '([^']+)'",
+    r"'([^']+)' does not name a type",
+    r"'([^']+)' has not been declared",
+    r"no matching function for call to '([^'(]+)",
+    r"no match for '([^']+)'",
+    r"'([^']+)' is not a template",
+    r"fatal error: ([^:]+): No such file",
+    r"unknown type name '([^']+)'",
+    r"use of undeclared identifier '([^']+)'",
+)
+
+
+def _construct(message: str) -> str:
+    for pat in _CONSTRUCT_PATTERNS:
+        m = re.search(pat, message)
+        if m:
+            if m.lastindex and m.lastindex >= 2 and "is not a member of" in pat:
+                return f"{m.group(2)}::{m.group(1)}"
+            return m.group(1)
+    return message.strip()
+
+
+def _diagnose(stderr: str, text: str, kernels: list[Kernel]) -> CompileError:
+    """The first error, the construct it names and the kernel it is in (or is required by)."""
+    stderr = stderr.replace("\u2018", "'").replace("\u2019", "'")  # g++ quotes in UTF-8 locales
+    err = next((ln for ln in stderr.splitlines() if " error: " in ln or "fatal error" in ln), "")
+    if not err:
+        err = stderr.strip().splitlines()[-1] if stderr.strip() else "compiler failed"
+    message = err.split("error: ", 1)[-1]
+    construct = _construct(message)
+    spans = [(k, line_of(text, k.start), line_of(text, k.end)) for k in kernels]
+    kernel = None
+    # the error line first, then the lines of "required from here" instantiation notes
+    for file, line in _locations(stderr):
+        if file == "<etmetal kernel entries>" and 2 <= line <= len(kernels) + 1:
+            kernel = kernels[line - 2].name
+            break
+        for k, (f0, l0), (_, l1) in spans:
+            if file.endswith(f0) and f0 and l0 <= line <= l1:
+                kernel = k.name
+                break
+        if kernel:
+            break
+    if kernel is None:
+        kernel = ", ".join(k.name for k in kernels) if kernels else "<library>"
+    return CompileError(kernel, construct, err.strip())
+
+
+def _index_path(key: str) -> Path:
+    return cache_root() / "msl" / "index" / f"{key}.json"
+
+
+def source_key(source: str) -> str:
+    text = "|".join([str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())])
+    h = hashlib.sha256(text.encode())
+    h.update(_header_text().encode())
+    # a library links the dispatcher by path: one built against another dispatcher build
+    # (another cache format, say) would load a second copy with its own fiber state
+    h.update(str(dispatcher_path()).encode())
+    for name in ("msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py"):  # what shapes the build
+        h.update((HERE / name).read_bytes())
+    h.update(b"\0" + source.encode())
+    return h.hexdigest()[:32]
+
+
+def build_library(source: str) -> tuple[Path, list[Kernel]]:
+    """Compile ``source`` (cached) and describe its kernels. Raises CompileError/ParseError."""
+    key = source_key(source)
+    index = _index_path(key)
+    if index.exists():
+        meta = json.loads(index.read_text())
+        so = Path(meta["so"])
+        if so.exists():
+            return so, [_kernel_from_json(k) for k in meta["kernels"]]
+    text = in_library_code(rewrite_address_spaces(_preprocess(source)), float_literals, str(HERE))
+    kernels = find_kernels(text)
+    names = [k.name for k in kernels]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ParseError(sorted(dup)[0], "two kernels share this name")
+    unit = rewrite(text) + entry_source(kernels)
+    dispatcher = dispatcher_path()
+    # libm: the header's __builtin_expf & co. become calls to expf & co. when not folded
+    link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}", "-lm"]
+    try:
+        so = build_shared(
+            "msl", "libmsl.so", unit, lang="c++", flags=(*_FLAGS, "-fpreprocessed"), link=link
+        )
+    except NativeBuildError as e:
+        raise _diagnose(str(e), text, kernels) from None
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"so": str(so), "kernels": [asdict(k) for k in kernels]}))
+    os.replace(tmp, index)
+    return so, kernels
+
+
+def _kernel_from_json(d: dict) -> Kernel:
+    params = [Param(**p) for p in d.pop("params")]
+    return Kernel(params=params, **d)

@@ -1,0 +1,350 @@
+"""``AotiModel``: load a ``link_libtorch=False`` AOTI ``.so`` through the bridge and run it."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from etmetal.shims.abi_codes import DEVICE_CODES
+from etmetal.shims.emulated_mps.mps_device import take_unchecked_error
+from etmetal.shims.model_link import NativeBuildError, link_wrapper, undefined_symbols
+
+from . import user_constants
+from .bridge import Bridge, BridgeError
+from .context import ShimContext, check_materialize, default_context
+from .model_run import AotiModelError, ModelRuns
+from .proxy_executor import ExternNodeError, ProxyExecutor
+from .steady_run import SteadyRun
+from .storage import HostAllocator, ShimError, Tensor
+
+# devices a model container can be created for (the device string AOTI parses)
+DEVICES = {"cpu": DEVICE_CODES["cpu"], "mps": DEVICE_CODES["mps"]}
+PROXY_SHIM = "aoti_torch_proxy_executor_call_function"
+
+
+def undefined_shims(so_path: str | os.PathLike) -> set[str] | None:
+    """The ``aoti_torch_*`` symbols ``so_path`` leaves undefined (None if ``nm`` is missing)."""
+    try:
+        return undefined_symbols(so_path, "aoti_")
+    except NativeBuildError as exc:
+        raise AotiModelError(str(exc)) from exc
+
+
+def _vector_math_libraries(so_path: Path) -> list[Path]:
+    """Libraries that define the vector math a host ``.so`` calls without defining it.
+
+    Inductor's vectorized CPU kernels call SLEEF (``Sleef_expf8_u10`` for ``exp`` in
+    softmax, GELU, SiLU), which libtorch_cpu carries; a ``link_libtorch=False`` build
+    leaves those symbols undefined. torch has libtorch_cpu loaded already (RTLD_LOCAL), so
+    naming it in the model's link group, after the bridge, resolves them to that copy
+    without letting any of its ``aoti_torch_*`` shadow etmetal's.
+    """
+    try:
+        sleef = undefined_symbols(so_path, "Sleef_")
+    except NativeBuildError as exc:
+        raise AotiModelError(str(exc)) from exc
+    if not sleef:
+        return []
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    if not lib.exists():
+        raise AotiModelError(
+            f"{so_path.name} calls SLEEF vector math ({sorted(sleef)[0]}, ...) and this torch "
+            f"has no {lib.name} to provide it"
+        )
+    return [lib]
+
+
+def model_link_group(bridge_path: Path, so_path: Path) -> list[Path]:
+    """The objects a model's link wrapper names, in order: the bridge first (its
+    ``aoti_torch_*`` serve the model), then the vector math the ``.so`` calls, then the
+    ``.so`` itself."""
+    return [bridge_path, *_vector_math_libraries(so_path), so_path]
+
+
+def _aligned_blob(
+    blob: bytes | bytearray | memoryview | None, host: HostAllocator
+) -> tuple[int, object]:
+    """A pointer to the weights and the object keeping them alive (copied only if misaligned)."""
+    if blob is None or len(blob) == 0:
+        return 0, None
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    if arr.ctypes.data % host.alignment == 0:
+        return arr.ctypes.data, arr
+    buf = host.allocate(arr.nbytes)
+    buf.numpy()[:] = arr
+    return buf.data_ptr(), buf
+
+
+class AotiModel(ModelRuns):
+    """One AOTI model container over a ``.so`` whose ``aoti_torch_*`` calls go to etmetal.
+
+    ``weights_blob`` is the constants blob AOTI wrote next to the ``.so``; constants
+    become tensors borrowing it, so it is kept alive until ``close()``. ``materialize``
+    picks the ``_reinterpret_tensor`` behaviour for this model's calls ("view", the
+    default, or "seed", upstream's always-copy behaviour, for comparison only).
+    ``device`` is the device the ``.so`` was compiled for: ``"cpu"`` (the ``host`` target)
+    or ``"mps"`` (the ``mps_emulated`` target: inputs are lent as ``mps`` tensors and the
+    ``.so`` runs its Metal kernels on the emulated device).
+    The ``.so``'s own check of every input's dtype, sizes, strides and device is
+    compiled in by etmetal's compile (``etmetal.backend.input_checks``): a mismatched
+    input is an error, not an out-of-bounds read. Nothing here sets
+    ``AOTI_RUNTIME_CHECK_INPUTS``; a ``.so`` built elsewhere reads it as built.
+    ``context``: the ``ShimContext`` whose shims serve this model (default: the default
+    context); the policy is the model's own: while the model's container runs, the
+    context records the model as ``running`` and the shims read the policy from it.
+    ``extern_nodes``: the extern-node table (JSON) AOTI wrote next to the ``.so``; a
+    ``.so`` that calls ``aoti_torch_proxy_executor_call_function`` (operators without a
+    C shim) needs it, and its runs then pass a proxy executor handle
+    (``shims.proxy_executor``).
+    ``constants`` (instead of ``weights_blob``): AOTI constant name -> cpu tensor, lent to
+    the container as user-managed constants (no copy; see :mod:`.user_constants`), so
+    several models can read one copy; the tensors must outlive the model.
+    """
+
+    def __init__(
+        self,
+        so_path: str | os.PathLike,
+        weights_blob: bytes | bytearray | memoryview | None = None,
+        *,
+        materialize: str = "view",
+        context: ShimContext | None = None,
+        device: str = "cpu",
+        extern_nodes: str | bytes | bytearray | memoryview | None = None,
+        constants: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
+        self.device = device
+        self._device_type = DEVICES[device]
+        self.so_path = Path(so_path)
+        self.materialize = check_materialize(materialize)
+        self.context = ctx = context or default_context()
+        self._container = None
+        self._lib = None
+        self._proxy: int | None = None
+        self.constants = dict(constants) if constants is not None else None
+        self._constant_handles: list[int] = []
+        self._bridge: Bridge = ctx.load_bridge()
+        if not self.so_path.is_file():
+            raise AotiModelError(f"{self.so_path}: no such file")
+        needed = undefined_shims(self.so_path)
+        if needed is not None:
+            missing = sorted(needed - self._bridge.exported)
+            if missing:
+                raise AotiModelError(
+                    f"{self.so_path.name} needs shims etmetal does not implement: {missing}"
+                )
+            if PROXY_SHIM in needed and extern_nodes is None:
+                raise AotiModelError(
+                    f"{self.so_path.name} runs operators without a C shim through the proxy "
+                    "executor and needs its extern-node table (AotiModel(..., extern_nodes=...))"
+                )
+            shadowed = self._bridge.shadowed(needed)
+            if shadowed:
+                raise BridgeError(
+                    f"{self.so_path.name} would bind {shadowed} to a library loaded into the "
+                    "process-wide (RTLD_GLOBAL) scope, not to etmetal"
+                )
+        try:
+            # the wrapper groups bridge + model in one local scope: the model's shims bind
+            # to the bridge without either entering the process-wide scope
+            self.wrapper_path = link_wrapper(model_link_group(self._bridge.path, self.so_path))
+        except NativeBuildError as exc:
+            raise AotiModelError(f"linking a loader for {self.so_path} failed: {exc}") from exc
+        try:
+            # PyDLL: keep the GIL across the call so the shim callbacks need not re-take it;
+            # symbols are looked up in the wrapper's group, i.e. in the model
+            self._lib = ctypes.PyDLL(str(self.wrapper_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
+        if extern_nodes is not None:
+            try:
+                text = extern_nodes if isinstance(extern_nodes, str) else bytes(extern_nodes)
+                executor = ProxyExecutor.from_json(text, self._device_type)
+            except ExternNodeError as exc:
+                raise AotiModelError(f"{self.so_path.name}: {exc}") from exc
+            self.proxy_executor: ProxyExecutor | None = executor
+            self._proxy = ctx.register_proxy_executor(executor)
+        else:
+            self.proxy_executor = None
+        self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
+        self._bind_api()
+        ctx.model_opened(self)
+        self._counted = True
+        with ctx.run_lock:
+            if ctx.running is not None:
+                raise self._nested_run(ctx.running)
+            ctx.running = self  # creation and constant loading follow this model's policy
+            try:
+                take_unchecked_error(ctx)
+                self._create()
+                try:
+                    self._raise_unchecked("loading the model")
+                except BaseException:
+                    self.close()
+                    raise
+            finally:
+                ctx.running = None
+
+    def _bind_api(self) -> None:
+        lib, vp, sz = self._lib, ctypes.c_void_p, ctypes.c_size_t
+        sig = {
+            "AOTInductorModelContainerCreateWithDevice": [vp, sz, ctypes.c_char_p, ctypes.c_char_p],
+            "AOTInductorModelContainerDelete": [vp],
+            "AOTInductorModelContainerRun": [vp, vp, sz, vp, sz, vp, vp],
+            "AOTInductorModelContainerGetNumInputs": [vp, vp],
+            "AOTInductorModelContainerGetNumOutputs": [vp, vp],
+            "AOTInductorModelContainerGetNumConstants": [vp, vp],
+            "AOTInductorModelContainerGetConstantsBlobSize": [vp, vp],
+            "AOTInductorModelUpdateConstantsFromBlob": [vp, vp],
+            "AOTInductorGetLastError": [vp],
+        }
+        for name, argtypes in sig.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                raise AotiModelError(f"{self.so_path.name} has no {name}: not an AOTI model")
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int32
+        self._run_fn = lib.AOTInductorModelContainerRun
+        self._steady: SteadyRun | None = None
+        # the steady run, once the first run is done (it learns the outputs' geometry)
+        self._ready: SteadyRun | None = None
+
+    def _check(self, rc: int, step: str) -> None:
+        if rc == 0:
+            return
+        msg = ctypes.c_char_p()
+        self._lib.AOTInductorGetLastError(ctypes.byref(msg))
+        model_msg = (msg.value or b"").decode(errors="replace").strip()
+        shim_msg = self.context.error
+        raise AotiModelError(
+            f"{self.so_path.name}: {step} failed: {model_msg or 'error code ' + str(rc)}"
+            + (f" (last shim error: {shim_msg})" if shim_msg else "")
+        )
+
+    def _size(self, fn_name: str) -> int:
+        out = ctypes.c_uint64()
+        self._check(getattr(self._lib, fn_name)(self._container, ctypes.byref(out)), fn_name)
+        return out.value
+
+    def _create(self) -> None:
+        self.context.clear_last_error()
+        handle = ctypes.c_void_p()
+        lib = self._lib
+        self._check(
+            lib.AOTInductorModelContainerCreateWithDevice(
+                ctypes.byref(handle), 1, self.device.encode(), None
+            ),
+            "creating the model container",
+        )
+        self._container = handle
+        try:
+            self.num_inputs = self._size("AOTInductorModelContainerGetNumInputs")
+            self.num_outputs = self._size("AOTInductorModelContainerGetNumOutputs")
+            self._in_arr = (ctypes.c_void_p * max(self.num_inputs, 1))()
+            self._out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
+            self._input_cache: dict[tuple, Tensor] = {}
+            # the one-call steady run lends host inputs only; other devices run the general way
+            self._steady = (
+                SteadyRun(
+                    self.context,
+                    ctypes.cast(self._run_fn, ctypes.c_void_p).value,
+                    handle.value,
+                    self.num_inputs,
+                    self.num_outputs,
+                )
+                # (and passes no proxy executor: models with one run the general way)
+                if self.device == "cpu" and self._proxy is None
+                else None
+            )
+            num_constants = self._size("AOTInductorModelContainerGetNumConstants")
+            if self.constants is not None:
+                self._lend_constants(num_constants)
+            elif num_constants:
+                need = self._size("AOTInductorModelContainerGetConstantsBlobSize")
+                have = 0 if self._blob_owner is None else len(self._blob_owner)
+                if have < need:
+                    raise AotiModelError(
+                        f"{self.so_path.name}: weights blob has {have} bytes, the model's "
+                        f"{num_constants} constants need {need}"
+                    )
+                before = self._bridge.calls
+                self._check(
+                    lib.AOTInductorModelUpdateConstantsFromBlob(self._container, self._blob_ptr),
+                    "loading constants from the weights blob",
+                )
+                if self._bridge.calls == before:
+                    raise BridgeError(
+                        f"{self.so_path.name}: constants loaded without any shim call reaching "
+                        "etmetal: the .so is bound to another aoti_torch implementation (or "
+                        "to the bridge of another ShimContext that loaded this file first: "
+                        "give each context its own copy of the file)"
+                    )
+        except BaseException:
+            self.close()
+            raise
+
+    def _lend_constants(self, count: int) -> None:
+        name = self.so_path.name
+        try:
+            user_constants.bind(self._lib, name)
+            stored = user_constants.stored_constants(self._lib, self._container, count, self._check)
+            user_constants.check_offered(stored, self.constants, name)
+        except ShimError as exc:
+            raise AotiModelError(str(exc)) from exc
+        ctx = self.context
+        before = set(ctx.handles)
+        try:
+            self._constant_handles = user_constants.lend(
+                self._lib,
+                self._container,
+                {n: self.constants[n] for n, _, _ in stored},
+                ctx.register,
+                ctx.unregister,
+                self._device_type,
+                self._check,
+            )
+        finally:
+            # torch's container keeps each user-managed constant under a handle of its own
+            # (MaybeOwningAtenTensorHandle(handle, user_managed=true) calls
+            # aoti_torch_new_tensor_handle) that nothing ever deletes: ours to release
+            # after the container, with the lent handles
+            lent = set(self._constant_handles)
+            aliases = [h for h in ctx.handles if h not in before and h not in lent]
+            self._constant_handles = [*self._constant_handles, *aliases]
+
+    def close(self) -> None:
+        """Delete the container (its constants go with it) and forget the weights."""
+        self._ready = None
+        if self._container is not None:
+            with self.context.run_lock:
+                rc = self._lib.AOTInductorModelContainerDelete(self._container)
+            self._container = None
+            handles, self._constant_handles = self._constant_handles, []
+            for h in handles:  # user-managed: the container never deletes them
+                if self.context.is_live(h):
+                    self.context.unregister(h)
+            self._check(rc, "deleting the container")
+        self._blob_owner = None
+        self._blob_ptr = 0
+        if self._proxy is not None:
+            self.context.unregister_proxy_executor(self._proxy)
+            self._proxy = None
+        if getattr(self, "_counted", False):
+            self._counted = False
+            self.context.model_closed(self)
+
+    def __enter__(self) -> AotiModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finalizer
+            self.close()
