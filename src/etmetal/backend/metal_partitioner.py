@@ -39,15 +39,11 @@ from etmetal.backend.edge_ops import aten_overload
 from etmetal.backend.metal_backend import BACKEND_ID
 from etmetal.backend.supported_ops import OpVerdict, TargetCapabilities
 from etmetal.backend.targets import AUTO, resolve_runtime, resolve_target
-from etmetal.backend.torchao_ops import register as register_torchao_ops
 from etmetal.common.fallback_table import DEFAULT_RUNTIME
 
 from .partition_report import DelegatedPartition, KeptOut, PartitionReport
 
 log = logging.getLogger(__name__)
-
-# torchao's int4 Metal ops (its quantize -> export path) where its MPS library is missing
-register_torchao_ops()
 
 _CONTROL_FLOW = (
     torch.ops.higher_order.cond,

@@ -9,8 +9,9 @@ module calls ``torchao::_pack_weight_<n>bit`` (at quantize time, on the CPU) and
 :func:`register` defines those schemas (exactly torchao's) with CPU kernels that follow
 torchao's packing format (:mod:`etmetal.common.lowbit`) when they are missing, then lets
 torchao's own ``mps_op_lib`` register its meta kernels (the shapes export traces with).
-Where the real library is loaded nothing is registered. The partitioner calls it on
-import, so a registry module quantized the upstream way exports unchanged.
+Where the real library is loaded nothing is registered. ``import etmetal.backend`` calls
+it (the package's ``__init__``), so a model quantized the upstream way after that import
+exports unchanged, and so does every registry module.
 """
 
 from __future__ import annotations
