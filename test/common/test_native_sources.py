@@ -1,11 +1,19 @@
-"""Every C/C++ source and header of the project compiles on its own with all warnings as errors.
+"""Every C/C++ source and header of the package compiles on its own with all warnings as errors.
 
-Each file is handed to the system compiler alone (``-fsyntax-only``): a fragment that only
-compiles spliced into something else, or a warning, fails here.
+Each file is handed to the system compiler alone (``-fsyntax-only``, ``-Wall -Wextra -Werror``)
+with the language standard its build really uses: a fragment that only compiles spliced into
+something else, or a warning, fails here. Two kinds of file are checked in the one context
+they are built in, and each is named below:
+
+- ``shims/emulated_mps/bridge_source.cpp`` is compiled into the generated shim bridge, after
+  the bridge's globals: it is checked inside that prelude (``etmetal.shims.bridge``);
+- ``msl_types.h``, ``msl_math.h`` and ``msl_sync.h`` are the parts of ``msl_compat.h`` (the
+  Metal-compatibility header a shader library is compiled after) and are checked through it.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -15,28 +23,79 @@ import etmetal
 from etmetal.common.native_build import WARNINGS, compiler
 
 PACKAGE = Path(etmetal.__file__).resolve().parent
-# the kernels' and the bridge's native code; src/etmetal/shims/metal (the emulated Metal device's C++20,
-# built by msl_compiler.py with its own flags) is not covered here yet
-FOLDERS = ("runtime/kernels/native", "shims")
-SOURCES = sorted(
-    p
-    for folder in FOLDERS
-    for p in (PACKAGE / folder).resolve().iterdir()
-    if p.suffix in (".c", ".cpp", ".h", ".hpp")
-)
+SOURCES = sorted(p for p in PACKAGE.rglob("*") if p.suffix in (".c", ".cpp", ".h", ".hpp"))
+MSL = "shims/emulated_mps"
+# the emulated Metal device is C++ throughout; MSL on the CPU needs C++20
+CXX_HEADERS = {f"{MSL}/msl_abi.h": "-std=c++17", f"{MSL}/msl_compat.h": "-std=c++20"}
+HEADER_PARTS = {
+    f"{MSL}/{n}": f"{MSL}/msl_compat.h" for n in ("msl_types.h", "msl_math.h", "msl_sync.h")
+}
+FRAGMENTS = {f"{MSL}/bridge_source.cpp"}
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+ALONE = [p for p in SOURCES if _rel(p) not in HEADER_PARTS and _rel(p) not in FRAGMENTS]
+
+
+def _compile(text: str, lang: str, std: str, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [compiler("c++" if lang == "c++" else "c"), std, *WARNINGS, "-fsyntax-only"]
+    return subprocess.run(
+        [*cmd, *extra, "-x", lang, "-"], input=text, capture_output=True, text=True
+    )
 
 
 def test_the_sources_are_found():
-    names = {p.name for p in SOURCES}
-    assert {"strided_copy.c", "transpose_kernels.c", "transpose_kernels.h"} <= names
+    names = {_rel(p) for p in SOURCES}
+    expected = {
+        "runtime/kernels/native/strided_copy.c",
+        "runtime/kernels/native/transpose_kernels.h",
+        "shims/native_tensors.cpp",
+        "shims/int4_linear.c",
+        f"{MSL}/msl_dispatch.cpp",
+        f"{MSL}/msl_compat.h",
+        "testing/metal_launch_driver.cpp",
+    }
+    assert expected <= names
+    # every special case names a file that exists
+    assert {*CXX_HEADERS, *HEADER_PARTS, *FRAGMENTS} <= names
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_the_standard_of_the_msl_header_is_the_one_its_build_uses():
+    from etmetal.shims.emulated_mps import msl_compiler
+
+    assert CXX_HEADERS[f"{MSL}/msl_compat.h"] == msl_compiler._STD
+
+
+@pytest.mark.parametrize("path", ALONE, ids=_rel)
 def test_source_compiles_alone_without_warnings(path: Path):
-    cpp = path.suffix in (".cpp", ".hpp")
-    cc = compiler("c++" if cpp else "c")
-    std = "-std=c++17" if cpp else "-std=c11"
-    lang = ("c++-header" if cpp else "c-header") if path.suffix in (".h", ".hpp") else None
-    cmd = [cc, std, *WARNINGS, "-fsyntax-only", *(["-x", lang] if lang else []), str(path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{path} does not compile alone:\n{proc.stderr}"
+    rel = _rel(path)
+    if path.suffix in (".h", ".hpp"):
+        # a header compiles alone when a unit that includes only it compiles
+        cpp = rel in CXX_HEADERS or path.suffix == ".hpp"
+        std = CXX_HEADERS.get(rel, "-std=c++17" if cpp else "-std=c11")
+        proc = _compile(f'#include "{path}"\n', "c++" if cpp else "c", std)
+    else:
+        cpp = path.suffix == ".cpp"
+        std = "-std=c++17" if cpp else "-std=c11"
+        proc = _compile(path.read_text(), "c++" if cpp else "c", std, "-I", str(path.parent))
+    assert proc.returncode == 0, f"{rel} does not compile alone:\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("part", sorted(HEADER_PARTS))
+def test_header_parts_are_included_by_the_header_checked_for_them(part: str):
+    entry = (PACKAGE / HEADER_PARTS[part]).read_text()
+    included = re.findall(r'^#include "([^"]+)"', entry, re.MULTILINE)
+    assert Path(part).name in included, f"{HEADER_PARTS[part]} no longer includes {part}"
+
+
+def test_the_bridge_fragment_compiles_in_the_bridge_prelude():
+    from etmetal.shims import bridge
+
+    fragment = (PACKAGE / f"{MSL}/bridge_source.cpp").read_text()
+    assert fragment in bridge._PRELUDE, "bridge_source.cpp is no longer part of the prelude"
+    # the prelude opens the bridge's extern "C" block; the generated forwarders close it
+    proc = _compile(bridge._PRELUDE + "}\n", "c++", "-std=c++17", "-I", str(PACKAGE / "shims"))
+    assert proc.returncode == 0, f"bridge_source.cpp in the bridge prelude:\n{proc.stderr}"

@@ -120,7 +120,7 @@ def lower_programs(model: torch.nn.Module, config: str, directory: Path) -> dict
 
 def _runner(ep) -> Any:
     from etmetal.backend.aoti_compile import compile_exported_program
-    from etmetal.scripts.bench_delegate import torch_runner
+    from etmetal.bench.aoti_runner import torch_runner
 
     art = compile_exported_program(ep, link_libtorch=True)
     return torch_runner(art.so_path, art.weights_path)

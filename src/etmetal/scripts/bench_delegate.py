@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from etmetal.bench import timing as bm
+from etmetal.bench.aoti_runner import torch_runner
 from etmetal.examples.bench import models
 
 MODELS = ("tiny", "transformer")
@@ -34,18 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-pte", action="store_true", help="skip the full .pte delegate path (shims only)"
     )
-
-
-def torch_runner(so_path: Path, weights_path: Path):
-    """torch's own AOTI runner over a ``link_libtorch=True`` build, weights from the blob.
-
-    etmetal's bridge stays out of the global symbol scope, so this works whether or not
-    etmetal has loaded models in this process already.
-    """
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(so_path), 1)
-    if weights_path.stat().st_size:  # a model without constants has an empty blob
-        runner.update_constant_buffer_from_blob(str(weights_path))
-    return runner
 
 
 def delegate_method(module: torch.nn.Module, inputs: tuple, tmp: Path):
