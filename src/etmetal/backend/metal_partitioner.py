@@ -86,11 +86,19 @@ class _Support(OperatorSupportBase):
 class MetalPartitioner(Partitioner):
     """Partition for etmetal's Metal delegate.
 
-    ``target``: ``"auto"`` (``mps`` where an MPS device is available, else ``host``),
-    ``"host"`` (C++ for this machine's CPU, any OS) or ``"mps"`` (Metal; macOS only,
-    refused at once elsewhere). ``compile_specs``: a list of ``CompileSpec``
-    (``method_name``, ``codesign_identity``). After partitioning, :attr:`report`
-    tells what was delegated and what was kept out and why.
+    ``target``:
+
+    - ``"auto"`` (default): ``mps`` where an MPS device is available, else ``host``; never
+      ``mps_emulated``;
+    - ``"host"``: C++ for this machine's CPU, any OS; only etmetal's runtime runs it;
+    - ``"mps"``: Metal, for ExecuTorch's Metal runtime on macOS (refused at once elsewhere);
+    - ``"mps_emulated"``: Inductor's real Metal code generation on any machine, the wrapper
+      built for this CPU; predicts with the ``mps`` table, and etmetal's emulated Metal
+      device runs the result.
+
+    ``compile_specs``: a list of ``CompileSpec`` (``method_name``, ``codesign_identity``,
+    ``share_weights``, ``share_mutable_buffers``). After partitioning, :attr:`report` (a
+    :class:`PartitionReport`) tells what was delegated and what was kept out and why.
 
     ``runtime``: which runtime the program is for. ``"etmetal"``: etmetal's runtime, whose
     proxy executor runs operators that have no C shim (custom ops, ATen ops such as
@@ -98,8 +106,9 @@ class MetalPartitioner(Partitioner):
     ``"upstream"``: ExecuTorch's own Metal runtime, which has no proxy executor, so such
     operators stay with the portable runtime. Default (None): ``etmetal`` for ``host``
     (only etmetal runs a host ``.so``), ``upstream`` for ``mps`` and ``mps_emulated`` (the
-    emulated target checks what a Mac's runtime accepts; pass ``runtime="etmetal"`` to
-    run everything on etmetal's emulated device).
+    emulated target checks what a Mac's runtime accepts). ``runtime="etmetal"`` on
+    ``mps_emulated`` also delegates the operators without a C shim; operators neither
+    Inductor nor a fallback can run stay out on every target (see :attr:`report`).
 
     A ``host`` program for etmetal's runtime stores each constant as its own named-data
     entry, so methods that hold the same weight share one copy (:attr:`share_weights`;

@@ -1,8 +1,11 @@
 """``etmetal run model.pte``: run a program in etmetal's runtime.
 
 Inputs come from ``--inputs`` files (``.pt`` tensors saved with ``torch.save``, or ``.npy``)
-or, when none are given, are random tensors shaped like the method's input specs.
-Prints each output's shape, dtype and summary statistics, and the execute latency.
+or, when none are given, are random tensors shaped like the method's input specs: floats
+normal, integers in ``[0, INDEX_BOUND)`` so that token ids, positions and gather indices are
+in range for any table with at least that many rows. Prints where the program's work runs
+(delegate calls, operators outside them), each output's shape, dtype and summary
+statistics, and the execute latency.
 """
 
 from __future__ import annotations
@@ -15,14 +18,27 @@ from pathlib import Path
 
 import torch
 
+# random integer inputs are drawn from [0, INDEX_BOUND): valid as indices (embedding rows,
+# KV-cache positions) in any model whose tables have at least this many entries
+INDEX_BOUND = 8
+
+_EPILOG = (
+    "Without --inputs, inputs are random and shaped like the method's input specs: floats "
+    f"from a normal distribution, integers (token ids, positions, indices) in [0, {INDEX_BOUND}), "
+    "booleans 0/1. Give --inputs for a model whose integer inputs need other values."
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = _EPILOG
     parser.add_argument("program", help="the .pte file")
     parser.add_argument("--method", default="forward", help="method to run (default: forward)")
     parser.add_argument("--inputs", nargs="*", default=None, help=".pt or .npy file per input")
     parser.add_argument("--data", nargs="*", default=None, help="external .ptd data files")
     parser.add_argument("--runs", type=int, default=10, help="timed executions (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed for the random inputs (see below)"
+    )
     parser.add_argument(
         "--trust-native-code",
         action="store_true",
@@ -47,12 +63,9 @@ def random_input(spec, generator: torch.Generator):
         value = torch.randn(shape, generator=generator, dtype=torch.float32).to(t.dtype)
     elif t.dtype.is_complex:
         value = torch.randn(shape, generator=generator, dtype=t.dtype)
-    else:
-        info = torch.iinfo(t.dtype)
-        low, high = max(info.min, -8), min(info.max, 8)
-        value = torch.randint(low, high + 1, shape, generator=generator, dtype=torch.int64).to(
-            t.dtype
-        )
+    else:  # integers are most often indices: non-negative and small
+        high = min(torch.iinfo(t.dtype).max + 1, INDEX_BOUND)
+        value = torch.randint(0, high, shape, generator=generator, dtype=torch.int64).to(t.dtype)
     order = list(t.dim_order)
     if order != sorted(order):  # lay the input out the way the program expects it
         value = (
@@ -80,6 +93,14 @@ def describe(value) -> str:
     return text
 
 
+def _where_it_runs(path: str, method: str) -> str:
+    from etmetal.runtime.loader import load_program_data
+    from etmetal.scripts.program_summary import plan_summary
+
+    plans = {p.name: p for p in load_program_data(path).program.execution_plan}
+    return plan_summary(plans[method])
+
+
 def run(args: argparse.Namespace) -> int:
     from etmetal.runtime import EtmetalRuntimeError, Runtime
 
@@ -94,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     except EtmetalRuntimeError as exc:
         print(f"etmetal run: {exc}", file=sys.stderr)
         return 1
+    print(_where_it_runs(args.program, args.method))
     meta = method.metadata
     if args.inputs:
         inputs = [load_input(p) for p in args.inputs]
