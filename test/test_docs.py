@@ -116,3 +116,33 @@ def test_doc_block_runs_as_written(doc: Path, start: int, source: str, tmp_path)
     marker = [line for line in proc.stdout.splitlines() if line.startswith("DOC-CHECKS ")]
     assert marker, f"{where}: the checks after the block did not run:\n{proc.stdout[-2000:]}"
     print(where, json.loads(marker[-1].split(" ", 1)[1]))
+
+
+_CITED = re.compile(r"(?<![\w/.])(test/[\w/]+\.py)(?:::(\w+))?")
+
+
+def test_every_test_the_docs_cite_exists():
+    """A claim cites the test that shows it (``test/x.py::test_y``, or a whole file); the
+    file must exist and define that test, so a renamed or deleted test breaks the doc here."""
+    import ast
+
+    missing = []
+    cited = 0
+    for doc in DOCS:
+        for path, name in _CITED.findall(doc.read_text()):
+            cited += 1
+            target = ROOT / path
+            if not target.is_file():
+                missing.append(f"{doc.name}: {path}")
+                continue
+            if name:
+                tree = ast.parse(target.read_text())
+                defined = {
+                    n.name
+                    for n in ast.walk(tree)
+                    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                }
+                if name not in defined:
+                    missing.append(f"{doc.name}: {path}::{name}")
+    assert cited >= 20  # docs/architecture.md cites its evidence
+    assert missing == []

@@ -144,6 +144,49 @@ def test_no_library_code_imports_scripts():
     assert "etmetal.scripts" not in _project_imports(PACKAGE / "__init__.py")
 
 
+def _doc_import_table() -> dict[str, set[str] | None]:
+    """folder -> the subpackages the architecture doc's Parts table lets it import
+    (None: anything)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table: dict[str, set[str] | None] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        folder = re.fullmatch(r"`(\w+)/`", cells[0]) if len(cells) == 3 else None
+        if folder:
+            allowed = cells[2]
+            names = set(re.findall(r"`(\w+)/`", allowed))
+            table[folder.group(1)] = None if allowed == "anything" else names
+    return table
+
+
+def test_the_import_table_of_the_architecture_doc_holds():
+    table = _doc_import_table()
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert set(table) == folders, "docs/architecture.md's Parts table lists other folders"
+    broken = []
+    for folder, allowed in table.items():
+        if allowed is None:
+            continue
+        for path in _sources(folder):
+            bad = {m for m in _project_imports(path) if m.split(".")[1] not in {folder, *allowed}}
+            if bad:
+                broken.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert broken == []
+
+
+def test_importing_the_runtime_loads_nothing_ahead_of_time():
+    import subprocess
+
+    code = (
+        "import sys, etmetal.runtime, etmetal.shims\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[:2] in "
+        f"{[['etmetal', f] for f in AHEAD_OF_TIME]!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
 def test_only_cli_tests_import_scripts():
     """Other tests reach etmetal.scripts only by running the CLI (``etmetal.scripts.cli`` or
     ``python -m etmetal.scripts``)."""
