@@ -39,11 +39,15 @@ from etmetal.backend.edge_ops import aten_overload
 from etmetal.backend.metal_backend import BACKEND_ID
 from etmetal.backend.supported_ops import OpVerdict, TargetCapabilities
 from etmetal.backend.targets import AUTO, resolve_runtime, resolve_target
+from etmetal.backend.torchao_ops import register as register_torchao_ops
 from etmetal.common.fallback_table import DEFAULT_RUNTIME
 
 from .partition_report import DelegatedPartition, KeptOut, PartitionReport
 
 log = logging.getLogger(__name__)
+
+# torchao's int4 Metal ops (its quantize -> export path) where its MPS library is missing
+register_torchao_ops()
 
 _CONTROL_FLOW = (
     torch.ops.higher_order.cond,
@@ -88,11 +92,11 @@ class MetalPartitioner(Partitioner):
 
     ``target``:
 
-    - ``"auto"`` (default): ``mps`` where an MPS device is available, else ``host``; never
+    - ``auto`` (default): ``mps`` where an MPS device is available, else ``host``; never
       ``mps_emulated``;
-    - ``"host"``: C++ for this machine's CPU, any OS; only etmetal's runtime runs it;
-    - ``"mps"``: Metal, for ExecuTorch's Metal runtime on macOS (refused at once elsewhere);
-    - ``"mps_emulated"``: Inductor's real Metal code generation on any machine, the wrapper
+    - ``host``: C++ for this machine's CPU, any OS; only etmetal's runtime runs it;
+    - ``mps``: Metal, for ExecuTorch's Metal runtime on macOS (refused at once elsewhere);
+    - ``mps_emulated``: Inductor's real Metal code generation on any machine, the wrapper
       built for this CPU; predicts with the ``mps`` table, and etmetal's emulated Metal
       device runs the result.
 
