@@ -43,8 +43,9 @@ MANIFEST = "manifest.json"  # digests of the entry's files and their MAC
 KEY_FILE = ".key"
 _KEY_BYTES = 32
 _MANIFEST_FORMAT = 1
-# an entry name is one path component of a safe alphabet: never "..", never a separator
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+# an entry name is one path component: no separator, never "." or ".." (nor hidden: the
+# key and the builders' temporary directories start with a dot)
+_NAME = re.compile(r"^[^./\\\x00][^/\\\x00]{0,199}$")
 
 log = logging.getLogger(__name__)
 
