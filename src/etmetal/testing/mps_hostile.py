@@ -264,55 +264,115 @@ def run_case(name: str, lib=None) -> tuple[int, str]:
 # --- random sequences (the fuzz family) -----------------------------------------------------
 
 
+def _floats(lib, handle: int, n: int) -> list[float]:
+    ptr = ctypes.c_void_p()
+    if lib.aoti_torch_get_data_ptr(handle, ctypes.byref(ptr)) != 0:
+        raise RuntimeError(f"get_data_ptr failed: {_error()}")
+    return list((ctypes.c_float * n).from_address(ptr.value))
+
+
+def valid_launch(lib, fn: int, rng: random.Random) -> int:
+    """A well-formed ``fill`` launch, checked against what the kernel must write (a wrong
+    answer raises)."""
+    t = mps_tensor(lib, 1 << 16)
+    n = rng.choice([1, 5, 32, 33, 1000, 1 << 16])
+    try:
+        codes = (
+            lib.aoti_torch_mps_start_encoding(fn),
+            lib.aoti_torch_mps_set_arg_tensor(fn, 0, t),
+            lib.aoti_torch_mps_set_arg_int(fn, 1, n),
+            lib.aoti_torch_mps_dispatch_single(fn, rng.choice([n, 1 << 16])),
+        )
+        if any(codes):
+            raise RuntimeError(f"a valid launch failed ({codes}): {_error()}")
+        if any(v != 7.0 for v in _floats(lib, t, n)):
+            raise RuntimeError(f"a valid launch of {n} threads wrote wrong values")
+    finally:
+        lib.aoti_torch_delete_tensor_object(t)
+    return 0
+
+
+_MOVES = [
+    "tensor",
+    "delete",
+    "start",
+    "start",
+    "set_tensor",
+    "set_tensor",
+    "set_int",
+    "set_int",
+] + ["dispatch", "dispatch", "dispatch_array", "memcpy", "launch", "case"]
+
+
 def random_sequence(rng: random.Random, lib=None) -> list[tuple[str, int]]:
-    """A random mix of valid and hostile calls on one function; returns (call, rc) pairs.
-    Raises nothing but what a bug would: every call must return a code."""
+    """A random mix of valid and hostile calls on a library's two functions; returns
+    (call, rc) pairs. Raises only on a bug: a valid launch that fails or computes wrongly."""
     lib = lib if lib is not None else _lib()
     rc, lh = library(lib, KERNELS)
     if rc != 0:
         raise RuntimeError(f"the fuzz library does not compile: {_error()}")
-    name = rng.choice([b"fill", b"scale"])
-    fn = function(lib, lh, name)
+    fill, scale = function(lib, lh, b"fill"), function(lib, lh, b"scale")
     live: list[int] = []
     dead: list[int] = []
     done: list[tuple[str, int]] = []
     big = [0, 1, 7, 64, 1 << 16, (1 << 31), (1 << 32) - 1, 1 << 32, (1 << 63), (1 << 64) - 1]
-    for _ in range(rng.randint(3, 12)):
-        move = rng.randrange(9)
-        if move == 0:
+    small = [0, 1, 5, 32, 33, 1000, 1 << 16]
+    main = rng.choice([fill, fill, scale])  # most calls encode one function
+    plan: list[str] = []
+    while len(plan) < rng.randint(3, 14):
+        if rng.random() < 0.5:  # an encoding round: start, bind (some hostile), dispatch
+            binds = [rng.choice(["set_tensor", "set_int", "delete", "tensor"]) for _ in range(3)]
+            plan += ["start", "bind0", *binds[: rng.randint(0, 3)], "bind1"]
+            plan.append(rng.choice(["dispatch", "dispatch", "dispatch_array"]))
+        else:
+            plan.append(rng.choice(_MOVES))
+    for call in plan:
+        fn = main if rng.random() < 0.9 else rng.choice([fill, scale])
+        if call == "tensor" or (call == "delete" and not live):
             live.append(mps_tensor(lib, 1 << 16))  # wider than any grid x that runs
-            rc, call = 0, "tensor"
-        elif move == 1 and live:
+            call, rc = "tensor", 0
+        elif call == "delete":
             h = live.pop(rng.randrange(len(live)))
-            rc, call = lib.aoti_torch_delete_tensor_object(h), "delete"
+            rc = lib.aoti_torch_delete_tensor_object(h)
             dead.append(h)
-        elif move == 2:
-            rc, call = lib.aoti_torch_mps_start_encoding(fn), "start"
-        elif move == 3:
-            pool = live + dead + [rng.randrange(1, 1 << 48)]
-            rc = lib.aoti_torch_mps_set_arg_tensor(fn, rng.randrange(-1, 33), rng.choice(pool))
-            call = "set_tensor"
-        elif move == 4:
-            idx, val = rng.randrange(-1, 33), rng.choice(big[:9]) - rng.randrange(2)
-            rc, call = lib.aoti_torch_mps_set_arg_int(fn, idx, val), "set_int"
-        elif move == 5:
-            rc, call = lib.aoti_torch_mps_dispatch_single(fn, rng.choice(big[:8])), "dispatch"
-        elif move == 6:
+        elif call == "start":
+            rc = lib.aoti_torch_mps_start_encoding(fn)
+        elif call == "bind0":  # the output buffer, from a live tensor when there is one
+            if not live:
+                live.append(mps_tensor(lib, 1 << 16))
+            rc = lib.aoti_torch_mps_set_arg_tensor(fn, 0, rng.choice(live))
+        elif call == "bind1":  # n for fill (an int), k for scale (a float: a tensor)
+            if fn == fill:
+                rc = lib.aoti_torch_mps_set_arg_int(fn, 1, rng.choice(small))
+            else:
+                rc = lib.aoti_torch_mps_set_arg_tensor(fn, 1, rng.choice(live or [1]))
+        elif call == "set_tensor":
+            idx = rng.choice([0, 0, 0, 1, 1, 2, -1, 31, rng.randrange(1 << 31)])
+            pool = (live or dead or [1]) * 4 + dead + [rng.randrange(1, 1 << 48)]
+            rc = lib.aoti_torch_mps_set_arg_tensor(fn, idx, rng.choice(pool))
+        elif call == "set_int":
+            idx = rng.choice([0, 1, 1, 1, 2, -1, 31])
+            val = rng.choice(small * 3 + big) - rng.randrange(2)
+            rc = lib.aoti_torch_mps_set_arg_int(fn, idx, val)
+        elif call == "dispatch":
+            rc = lib.aoti_torch_mps_dispatch_single(fn, rng.choice(small * 3 + big[:8]))
+        elif call == "dispatch_array":
             n = rng.randint(1, 3)
-            grid = (ctypes.c_uint64 * 3)(*(rng.choice(big) for _ in range(3)))
+            grid = (ctypes.c_uint64 * 3)(*(rng.choice(small + big) for _ in range(3)))
             group = (ctypes.c_uint64 * 3)(*(rng.choice([0, 1, 8, 1024, 1 << 40]) for _ in range(3)))
             rc = lib.aoti_torch_mps_dispatch_array_with_group_size(
                 fn, grid, n, group, rng.randint(0, 3)
             )
-            call = "dispatch_array"
-        elif move == 7:
+        elif call == "memcpy":
             dst, src = _buffer(lib, 64), _blob(64)
             off, read, size = (rng.choice(big[:6] + [1 << 40]) for _ in range(3))
-            rc, call = lib.aoti_torch_mps_memcpy(dst, off, read, size, src), "memcpy"
+            rc = lib.aoti_torch_mps_memcpy(dst, off, read, size, src)
             lib.aoti_torch_mps_free(dst)
+        elif call == "launch":
+            rc = valid_launch(lib, fill, rng)
         else:
-            case = rng.choice(sorted(CASES))
-            rc, call = CASES[case](lib), case
+            call = rng.choice(sorted(CASES))
+            rc = CASES[call](lib)
         done.append((call, rc))
     for h in live:
         lib.aoti_torch_delete_tensor_object(h)
