@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from etmetal.common.cache import COMPLETE, ContentCache, cache_root
+from etmetal.common.cache import COMPLETE, MANIFEST, ContentCache, cache_root
 
 
 def test_root_is_the_env_var_then_xdg_then_home(monkeypatch, tmp_path):
@@ -66,7 +66,7 @@ def test_an_incomplete_directory_is_not_an_entry(tmp_path):
     (cache.dir / "k" / "junk").write_text("from a crashed writer of an older format")
     assert cache.lookup("k") is None
     entry, hit = cache.get_or_create("k", lambda t: (t / "v").write_text("ok"))
-    assert not hit and sorted(p.name for p in entry.iterdir()) == [COMPLETE, "v"]
+    assert not hit and sorted(p.name for p in entry.iterdir()) == [COMPLETE, MANIFEST, "v"]
 
 
 def test_native_builds_are_entries_of_this_cache(tmp_path):

@@ -1,6 +1,8 @@
 """Build a shared object from C/C++ sources once, cached by content hash, with the system compiler.
 
-Serves the shim bridge (``shims.native``) and the runtime's native kernels. A build is an
+Serves the shim bridge (``shims.native``) and the runtime's native kernels.
+Every path returned was verified against the digests recorded when it was built
+(:class:`etmetal.common.cache.ContentCache`), so it may be ``dlopen``ed right away. A build is an
 entry ``<kind>/<key>`` of :mod:`etmetal.common.cache`, where ``key`` hashes the compiler,
 the machine, the flags and every source and header, so any change rebuilds; concurrent
 builders wait on the entry's lock and agree on one result.
@@ -24,12 +26,13 @@ __all__ = [
     "WARNINGS",
     "NativeBuildError",
     "build_files",
+    "build_key",
     "build_shared",
     "build_sources",
     "compiler",
 ]
 
-_FORMAT = 3  # 3: entries of etmetal.common.cache (a 'complete' marker)
+_FORMAT = 4  # 4: entries with a verified manifest (etmetal.common.cache)
 
 # every native source of the project builds clean with these (test_native_sources checks)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
@@ -49,6 +52,25 @@ def compiler(lang: str) -> str:
     raise NativeBuildError(f"no {lang} compiler found (set {env}, or install {names[1]})")
 
 
+def build_key(
+    files: Mapping[str, bytes],
+    *,
+    lang: str = "c",
+    flags: Sequence[str] = ("-O2",),
+    link: Sequence[str] = (),
+) -> str:
+    """The cache entry name of a build: a hash of the compiler, the machine, the flags and
+    every file. Predictable on purpose (the entry's manifest, not its name, is what
+    :mod:`etmetal.common.cache` trusts)."""
+    cc = compiler(lang)
+    key_text = "|".join([str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link])
+    digest = hashlib.sha256(key_text.encode())
+    for name in sorted(files):
+        digest.update(f"\n--{name}--\n".encode())
+        digest.update(files[name])
+    return digest.hexdigest()[:24]
+
+
 def build_files(
     kind: str,
     lib_name: str,
@@ -64,12 +86,7 @@ def build_files(
     there into one shared object, so ``#include "x.h"`` finds its neighbours. The key
     hashes every file, compiled or not."""
     cc = compiler(lang)
-    key_text = "|".join([str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link])
-    digest = hashlib.sha256(key_text.encode())
-    for name in sorted(files):
-        digest.update(f"\n--{name}--\n".encode())
-        digest.update(files[name])
-    key = digest.hexdigest()[:24]
+    key = build_key(files, lang=lang, flags=flags, link=link)
 
     def build(tmp: Path) -> None:
         for name, content in files.items():

@@ -192,6 +192,12 @@ class AotiModel(ModelRuns):
             finally:
                 ctx.running = None
 
+    @property
+    def weights_span(self) -> tuple[int, int]:
+        """(address, bytes) of the weights blob the ``.so`` copies its constants from: the
+        emulated device bounds ``aoti_torch_mps_memcpy``'s source by it."""
+        return self._blob_ptr, 0 if self._blob_owner is None else len(self._blob_owner)
+
     def _bind_api(self) -> None:
         lib, vp, sz = self._lib, ctypes.c_void_p, ctypes.c_size_t
         sig = {

@@ -73,17 +73,22 @@ def run_campaign(
     cases: int,
     seed: int,
     worker: Sequence[str] = ("-m", "etmetal.testing.fuzz_worker"),
+    kinds: Sequence[str] | None = None,
+    by_kind: Counter | None = None,
 ) -> tuple[Counter, list[str]]:
     """Run ``cases`` cases; returns outcome counts and the lines of every bad case.
 
     ``worker`` is the Python command line (after the interpreter) of a worker that takes
     ``SEEDS FIRST COUNT SEED``, prints ``start N`` before case N and ``N OUTCOME ...``
     after it. A worker that dies or stalls is charged to the case it was in, and the
-    campaign resumes after that case in a new worker.
+    campaign resumes after that case in a new worker. ``kinds`` restricts the families
+    (``fuzz_worker.ALL_KINDS``); ``by_kind`` (if given) counts ``(kind, outcome)`` pairs.
     """
     counts: Counter = Counter()
     bad: list[str] = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if kinds is not None:
+        env["ETMETAL_FUZZ_KINDS"] = ",".join(kinds)
     next_case = 0
     while next_case < cases:
         cmd = [sys.executable, *worker, str(seeds)]
@@ -124,8 +129,10 @@ def run_campaign(
             if line.startswith("start "):
                 current = int(line.split()[1])
                 continue
-            case, outcome = line.split()[:2]
+            case, outcome, *rest = line.split()
             counts[outcome] += 1
+            if by_kind is not None and rest:
+                by_kind[(rest[0], outcome)] += 1
             if outcome == "BAD":
                 bad.append(line)
             current = None

@@ -10,7 +10,12 @@ flushed, so the parent can attribute a crash or hang. Case kinds (``id % 4``):
 - ``processed``: the delegate's processed bytes mutated;
 - ``shim``: a random sequence of C shim calls with hostile arguments, proxy executor
   calls among them (unknown node indices, argument counts that disagree with the node's
-  schema, tensors of the wrong dtype, bogus handles, a NULL or unknown executor).
+  schema, tensors of the wrong dtype, bogus handles, a NULL or unknown executor);
+- ``mps``: hostile call sequences on the emulated Metal device
+  (``etmetal.testing.mps_hostile``): its named cases (use after free, an int into a
+  pointer slot, copies past their source, wrapping or oversized grids, foreign includes)
+  mixed with valid and random encodings, dispatches and copies; every call must return a
+  code, every named case must be refused.
 
 Outcomes: ``error`` (a clean etmetal error), ``correct`` (ran, outputs match eager),
 ``ran`` (a valid altered program ran, e.g. other weights), ``BAD`` (anything else).
@@ -28,6 +33,8 @@ from pathlib import Path
 
 os.environ.setdefault("ETMETAL_MAX_MEMORY", str(256 << 20))
 os.environ.setdefault("ETMETAL_MAX_STEPS", "100000")
+# the mps family's valid grids stay small; larger ones must be refused, not run for seconds
+os.environ.setdefault("ETMETAL_MPS_MAX_THREADS", str(1 << 20))
 
 import torch  # noqa: E402
 from executorch.exir._serialize._program import (  # noqa: E402
@@ -37,7 +44,12 @@ from executorch.exir._serialize._program import (  # noqa: E402
 
 from etmetal.testing.pte_blobs import named_bytes, replace_named  # noqa: E402
 
-KINDS = ("pte", "weights", "processed", "shim")
+ALL_KINDS = ("pte", "weights", "processed", "shim", "mps")
+# ETMETAL_FUZZ_KINDS (comma-separated) restricts a campaign to some families
+KINDS = tuple(k for k in os.environ.get("ETMETAL_FUZZ_KINDS", ",".join(ALL_KINDS)).split(",") if k)
+_unknown = sorted(set(KINDS) - set(ALL_KINDS))
+if _unknown or not KINDS:
+    raise SystemExit(f"ETMETAL_FUZZ_KINDS: unknown families {_unknown}; known: {ALL_KINDS}")
 
 
 class Seed:
@@ -263,11 +275,35 @@ def shim_sequence(rng: random.Random) -> tuple[str, str]:
     return ("error" if failures else "correct"), f"{failures} refused calls"
 
 
+def mps_sequence(rng: random.Random) -> tuple[str, str]:
+    """A hostile emulated-device sequence: codes only, named hostile cases refused."""
+    from etmetal.shims import clear_last_error, default_context
+    from etmetal.shims.emulated_mps.mps_device import take_unchecked_error
+    from etmetal.testing.mps_hostile import CASES, random_sequence
+
+    try:
+        calls = random_sequence(rng)
+    except BaseException as exc:  # noqa: BLE001 - a foreign exception is a finding
+        return "BAD", f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        take_unchecked_error(default_context())
+        clear_last_error()
+    for call, rc in calls:
+        if rc not in (0, 1):
+            return "BAD", f"{call} returned {rc}"
+        if call in CASES and rc != 1:
+            return "BAD", f"the hostile case {call} was accepted"
+    refused = sum(rc for _, rc in calls)
+    return ("error" if refused else "correct"), f"{len(calls)} calls, {refused} refused"
+
+
 def run_case(seeds: list[Seed], case: int, base_seed: int) -> tuple[str, str, str]:
     rng = random.Random(base_seed * 1_000_003 + case)
     kind = KINDS[case % len(KINDS)]
     if kind == "shim":
         return (kind, *shim_sequence(rng))
+    if kind == "mps":
+        return (kind, *mps_sequence(rng))
     seed = seeds[(case // len(KINDS)) % len(seeds)]
     if kind == "pte":
         data = mutate_bytes(seed.data, rng)

@@ -10,7 +10,9 @@ memory exist, as on a Mac:
   counted like host ones in the context's live storages;
 - raw buffers from ``aoti_torch_mps_malloc`` (the model's constants blob): kept by address
   in the context's ``MpsState`` until ``aoti_torch_mps_free``. ``aoti_torch_mps_memcpy`` / ``copy_buffer`` fill
-  them; both check that the bytes they write lie inside one such buffer.
+  them; both check that the bytes they write lie inside one such buffer, and that the bytes
+  they read lie inside memory the device knows (the loading model's weights blob, a lent
+  region, a malloc'd buffer or a live tensor).
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ class Function:
     args: dict[int, int] = field(default_factory=dict)  # buffer index -> address
     what: dict[int, str] = field(default_factory=dict)  # buffer index -> description
     slots: list = field(default_factory=list)  # int64 slots set_arg_int owns (kept alive)
+    # buffer index -> (kind, bytes read) from the kernel's signature, made once when the
+    # function is fetched ({}: unknown, only the index set is checked)
+    kinds: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # buffer index -> the tensor set_arg_tensor bound: a dispatch checks its storage is
+    # still alive (the handle may have been deleted since)
+    tensors: dict[int, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -82,6 +90,9 @@ class MpsState:
     buffers: dict[int, RawBuffer] = field(default_factory=dict)
     # their contents pointers, sorted: a copy finds its buffer by bisection
     starts: list[int] = field(default_factory=list)
+    # host memory a test or tool lends as a copy source (address -> bytes), beside the
+    # running model's weights blob, the malloc'd buffers and live tensors
+    lent: dict[int, int] = field(default_factory=dict)
     libraries: dict[int, Library] = field(default_factory=dict)
     functions: dict[int, Function] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"dispatches": 0, "libraries_created": 0})
@@ -145,6 +156,40 @@ def _buffer_span(ctx, ptr: int, nbytes: int, what: str) -> RawBuffer:
     )
 
 
+def lend_source(ptr: int, nbytes: int, ctx=None) -> None:
+    """Allow ``[ptr, ptr + nbytes)`` as the source of ``mps_memcpy``/``copy_buffer`` (a
+    caller's own constants, as a model's weights blob is while it loads)."""
+    mps_state(ctx).lent[ptr] = nbytes
+
+
+def withdraw_source(ptr: int, ctx=None) -> None:
+    mps_state(ctx).lent.pop(ptr, None)
+
+
+def _source_span(ctx, ptr: int, nbytes: int, what: str) -> None:
+    """Refuse a copy source that is not wholly inside memory the device knows: the running
+    model's weights blob, a lent region, a malloc'd buffer or a live tensor's storage."""
+    end = ptr + nbytes
+    span = getattr(ctx.running, "weights_span", None)
+    if span is not None and span[0] <= ptr and end <= span[0] + span[1]:
+        return
+    st = mps_state(ctx)
+    if any(start <= ptr and end <= start + n for start, n in st.lent.items()):
+        return
+    i = bisect.bisect_right(st.starts, ptr) - 1
+    if i >= 0:
+        buf = st.buffers[st.starts[i]]
+        if end <= buf.ptr + buf.nbytes:
+            return
+    for s in ctx.live_storages.values():
+        if s.ptr <= ptr and end <= s.ptr + s.nbytes:
+            return
+    raise ShimError(
+        f"{what}: bytes [{ptr:#x}, +{nbytes}) are not inside the model's weights blob, a "
+        "buffer from aoti_torch_mps_malloc or a live tensor (an offset past the source?)"
+    )
+
+
 def _check_size(value: int, what: str) -> int:
     if value < 0 or value > (1 << 48):
         raise ShimError(f"{what} {value} is not a valid byte count")
@@ -192,7 +237,9 @@ def aoti_torch_mps_memcpy(ctx, buffer, constant_offset, bytes_read, data_size, c
         return
     dst = buffer + constant_offset
     _buffer_span(ctx, dst, data_size, "aoti_torch_mps_memcpy destination")
-    ctypes.memmove(dst, constants_start + bytes_read, data_size)
+    src = constants_start + bytes_read
+    _source_span(ctx, src, data_size, "aoti_torch_mps_memcpy source (constants_start+bytes_read)")
+    ctypes.memmove(dst, src, data_size)
 
 
 @shim
@@ -209,4 +256,6 @@ def aoti_torch_mps_copy_buffer(ctx, src_buffer, dst_buffer, data_size, src_offse
         return
     dst = dst_buffer + dst_offset
     _buffer_span(ctx, dst, data_size, "aoti_torch_mps_copy_buffer destination")
-    ctypes.memmove(dst, src_buffer + src_offset, data_size)
+    src = src_buffer + src_offset
+    _source_span(ctx, src, data_size, "aoti_torch_mps_copy_buffer source")
+    ctypes.memmove(dst, src, data_size)

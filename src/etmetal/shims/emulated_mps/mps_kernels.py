@@ -26,6 +26,7 @@ import ctypes
 from etmetal.shims.registry import put_ptr, shim
 from etmetal.shims.storage import ShimError
 
+from .limits import check_grid
 from .mps_device import Function, Library, mps_state
 
 MAX_THREADS_PER_GROUP = 1024  # maxTotalThreadsPerThreadgroup of Apple GPUs
@@ -143,7 +144,8 @@ def aoti_torch_mps_get_kernel_function(ctx, library_handle, kernel_name, functio
             ) from None
         handle = _FN_BASE + (st.next_id() << 4)
         indices = frozenset(getattr(kernel, "buffer_indices", ()))
-        st.functions[handle] = Function(handle, library_handle, name, kernel, indices)
+        kinds = dict(getattr(kernel, "arg_kinds", None) or {})
+        st.functions[handle] = Function(handle, library_handle, name, kernel, indices, kinds=kinds)
         lib.functions[name] = handle
     put_ptr(function_handle, handle, "function_handle")
 
@@ -155,7 +157,7 @@ def aoti_torch_mps_get_kernel_function(ctx, library_handle, kernel_name, functio
 def aoti_torch_mps_start_encoding(ctx, func):
     fn = _function(ctx, func)
     fn.encoding = True
-    fn.args, fn.what, fn.slots = {}, {}, []
+    fn.args, fn.what, fn.slots, fn.tensors = {}, {}, [], {}
 
 
 def _encoding(ctx, func, call: str) -> Function:
@@ -177,18 +179,52 @@ def aoti_torch_mps_set_arg_tensor(ctx, func, idx, tensor):
     fn = _encoding(ctx, func, "set_arg_tensor")
     _check_index(fn, idx)
     t = ctx.lookup(tensor, f"kernel {fn.name!r} buffer({idx}) tensor")
+    kind = fn.kinds.get(idx)
+    if kind is not None and kind[0] != "buffer":
+        _check_scalar_from_tensor(fn, idx, kind, t)
     fn.args[idx] = t.data_ptr  # includes the storage offset, as upstream's setArg binds
     fn.what[idx] = f"tensor {tensor:#x}"
+    fn.tensors[idx] = t
 
 
 @_reporting
 def aoti_torch_mps_set_arg_int(ctx, func, idx, val):
     fn = _encoding(ctx, func, "set_arg_int")
     _check_index(fn, idx)
+    kind = fn.kinds.get(idx)
+    if kind is not None and (kind[0] != "int" or kind[1] > 8):
+        raise ShimError(
+            f"kernel {fn.name!r}: set_arg_int into [[buffer({idx})]], which takes "
+            f"{_describe(kind)}: an int64 fits only an integer parameter of up to 8 bytes"
+        )
+    fn.tensors.pop(idx, None)
     slot = ctypes.c_int64(val)  # `constant long& n [[buffer(i)]]` reads it by address
     fn.slots.append(slot)
     fn.args[idx] = ctypes.addressof(slot)
     fn.what[idx] = f"int {val}"
+
+
+def _describe(kind: tuple[str, int]) -> str:
+    name, size = kind
+    if name == "buffer":
+        return "a buffer (a device/constant pointer)"
+    if name == "threadgroup":
+        return "threadgroup memory"
+    return f"a {size}-byte {name} {'value' if name == 'bytes' else 'scalar'}"
+
+
+def _check_scalar_from_tensor(fn: Function, idx: int, kind: tuple[str, int], t) -> None:
+    """A tensor bound where the kernel reads a value by reference must hold those bytes."""
+    if kind[0] == "threadgroup":
+        raise ShimError(
+            f"kernel {fn.name!r}: [[buffer({idx})]] is threadgroup memory; no set_arg_* binds it"
+        )
+    have = t.storage.ptr + t.storage.nbytes - t.data_ptr
+    if have < kind[1]:
+        raise ShimError(
+            f"kernel {fn.name!r}: set_arg_tensor into [[buffer({idx})]], which reads "
+            f"{_describe(kind)}, with a tensor holding only {max(have, 0)} bytes"
+        )
 
 
 # --- dispatch -----------------------------------------------------------------------------
@@ -240,6 +276,13 @@ def _dispatch(ctx, fn: Function, threads: tuple[int, ...], group: tuple[int, ...
         )
     if fn.args.keys() != fn.indices:
         _refuse_arguments(fn)
+    for idx, t in fn.tensors.items():
+        if t.storage.count <= 0:  # its last tensor was deleted: the memory is gone
+            raise ShimError(
+                f"kernel {fn.name!r}: the {fn.what[idx]} bound to [[buffer({idx})]] was "
+                "deleted before the dispatch (use after free)"
+            )
+    check_grid(threads, lambda m: ShimError(f"kernel {fn.name!r}: {m}"))
     fn.encoding = False  # upstream drops the encoder after a dispatch
     if 0 in threads:
         return  # an empty grid runs no thread

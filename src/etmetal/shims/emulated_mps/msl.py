@@ -22,6 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from etmetal.shims.emulated_mps import limits
 from etmetal.shims.emulated_mps.msl_compiler import CompileError, build_library, dispatcher_path
 from etmetal.shims.emulated_mps.msl_parse import Kernel, ParseError
 
@@ -29,6 +30,8 @@ __all__ = ["MslError", "MslFunction", "MslLibrary", "compile_library"]
 
 DEFAULT_GROUP = 256
 MAX_THREADS_PER_GROUP = 1024
+# what a [[buffer(i)]] parameter takes (msl_compat.h's etm::arg_desc): kind code -> name
+ARG_KINDS = {1: "buffer", 2: "int", 3: "float", 4: "bytes"}
 
 
 class MslError(Exception):
@@ -66,10 +69,23 @@ def _dispatch_fn() -> ctypes._CFuncPtr:
 class MslFunction:
     """One kernel of a library, ready to dispatch."""
 
-    def __init__(self, library: MslLibrary, kernel: Kernel, entry: int) -> None:
+    def __init__(
+        self,
+        library: MslLibrary,
+        kernel: Kernel,
+        entry: int,
+        descs: Sequence[int] = (),
+    ) -> None:
         self.library = library
         self.name = kernel.name
         self.buffer_indices: tuple[int, ...] = kernel.buffer_indices
+        # buffer index -> (kind, bytes read): "buffer", "int", "float", "bytes" (what the
+        # compiler saw), or "threadgroup" (threadgroup memory, which nothing may bind)
+        self.arg_kinds: dict[int, tuple[str, int]] = {}
+        tg = {p.buffer for p in kernel.params if p.buffer is not None and p.threadgroup}
+        for idx, d in zip(self.buffer_indices, descs):
+            kind = "threadgroup" if idx in tg else ARG_KINDS.get(d >> 32, "bytes")
+            self.arg_kinds[idx] = (kind, d & 0xFFFFFFFF)
         self.max_threads_per_group = kernel.max_threads or MAX_THREADS_PER_GROUP
         self._entry = entry
         self._index_set = frozenset(self.buffer_indices)
@@ -127,6 +143,7 @@ class MslFunction:
             raise self._error(
                 f"threadgroup size {g} exceeds the kernel's {self.max_threads_per_group} threads"
             )
+        limits.check_grid(t, self._error)
         slots = self._slot_type()
         for i, a in args.items():
             if type(a) is not int or a <= 0:
@@ -172,7 +189,9 @@ class MslLibrary:
             )
         kernel, i = self._kernels[name]
         entry = ctypes.cast(getattr(self._dll, f"etm_msl_entry_{i}"), ctypes.c_void_p).value
-        fn = self._functions[name] = MslFunction(self, kernel, entry)
+        n = max(len(kernel.buffer_indices), 1)
+        descs = tuple((ctypes.c_ulonglong * n).in_dll(self._dll, f"etm_msl_args_{i}"))
+        fn = self._functions[name] = MslFunction(self, kernel, entry, descs)
         return fn
 
 

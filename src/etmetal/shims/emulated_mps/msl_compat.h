@@ -107,4 +107,20 @@ inline T buffer_arg(void* p) {
   else
     return *reinterpret_cast<std::remove_reference_t<T>*>(p);
 }
+
+// What a [[buffer(i)]] parameter takes, for the device's argument checks (see msl.py's
+// ARG_KINDS): kind << 32 | the bytes a by-reference (or by-value) parameter reads.
+template <class T>
+constexpr unsigned long long arg_desc() {
+  using U = std::remove_cv_t<std::remove_reference_t<T>>;
+  if constexpr (std::is_pointer_v<T>)
+    return 1ull << 32;  // a buffer
+  else if constexpr (std::is_integral_v<U> || std::is_enum_v<U>)
+    return (2ull << 32) | sizeof(U);  // an integer scalar
+  else if constexpr (std::is_floating_point_v<U> || std::is_same_v<U, bfloat> ||
+                     std::is_same_v<U, half>)
+    return (3ull << 32) | sizeof(U);  // a floating scalar
+  else
+    return (4ull << 32) | sizeof(U);  // bytes: a vector or struct
+}
 }  // namespace etm

@@ -4,9 +4,11 @@ The source is preprocessed by the system C++ compiler with ``msl_compat.h`` forc
 (``#include <c10/metal/...>`` resolves against torch's installed headers, ``<metal_stdlib>``
 and friends against empty stand-ins), rewritten into plain C++ (``msl_parse``), given one
 ``extern "C"`` entry per kernel and built into a shared object linked against the dispatcher
-(``msl_dispatch.cpp``). Builds are cached by content (``native.build_shared``), and an index
-keyed by the source maps it to the built library, so creating a library seen before skips
-the preprocessor too.
+(``msl_dispatch.cpp``). Builds are cached by content (``native.build_files``), and an index
+keyed by the source maps it to the built library's entry, so creating a library seen before
+skips the preprocessor too. The index holds only the entry's name: it resolves inside the
+cache, and the entry (library and kernel descriptions) is verified against its digests
+before it is loaded. Includes are limited to Metal's and c10's headers (``msl_includes``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import subprocess
@@ -22,6 +25,8 @@ from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
+from etmetal.common.cache import ContentCache
+from etmetal.shims.emulated_mps.msl_includes import check_markers, check_source
 from etmetal.shims.emulated_mps.msl_parse import (
     Kernel,
     Param,
@@ -34,11 +39,21 @@ from etmetal.shims.emulated_mps.msl_parse import (
     rewrite,
     rewrite_address_spaces,
 )
-from etmetal.shims.model_link import NativeBuildError, build_shared, cache_root, compiler
+from etmetal.shims.model_link import (
+    NativeBuildError,
+    build_files,
+    build_shared,
+    cache_root,
+    compiler,
+)
 
+log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SOURCE_NAME = "library.metal"
-_FORMAT = 1
+_FORMAT = 2  # 2: the index names a verified entry holding kernels.json
+KERNELS_FILE = "kernels.json"
+_ENTRY_NAME = re.compile(r"^[0-9a-f]{24}$")  # native_build's keys
+LIB_NAME = "libmsl.so"
 _STD = "-std=c++20"
 # -fno-math-errno lets sqrt & co. inline; no -ffast-math: NaN/inf handling must stay IEEE.
 _FLAGS = (_STD, "-O2", "-w", "-fno-math-errno", "-fno-strict-aliasing", "-fvisibility=hidden")
@@ -90,27 +105,45 @@ def dispatcher_path() -> Path:
     )
 
 
-def _stub_dir() -> Path:
-    d = cache_root() / "msl" / "include"
-    if not all((d / n).exists() for n in _STUB_HEADERS):
-        d.mkdir(parents=True, exist_ok=True)
-        for name in _STUB_HEADERS:
-            (d / name).write_text("// stand-in: etmetal's msl_compat.h declares this\n")
-    return d
+def _write_stubs(d: Path) -> None:
+    """Metal's standard headers as empty files, in the preprocessing's own private directory
+    (never in the shared cache, where anyone who could write them would inject code)."""
+    d.mkdir()
+    for name in _STUB_HEADERS:
+        (d / name).write_text("// stand-in: etmetal's msl_compat.h declares this\n")
 
 
 def _preprocess(source: str) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
+    check_source(source, frozenset(_STUB_HEADERS))
+    with tempfile.TemporaryDirectory(prefix="etmetal-msl-") as tmp:
         path = Path(tmp) / SOURCE_NAME
         path.write_text(source)
+        stubs = Path(tmp) / "include"
+        _write_stubs(stubs)
         cmd = [compiler("c++"), "-E", "-x", "c++", _STD, "-include", str(HERE / "msl_compat.h")]
-        cmd += ["-I", str(HERE), "-I", str(_stub_dir())]
+        cmd += ["-I", str(HERE), "-I", str(stubs)]
         if torch_include_dir():
             cmd += ["-I", torch_include_dir()]
         proc = subprocess.run(cmd + [SOURCE_NAME], capture_output=True, text=True, cwd=tmp)
-    if proc.returncode != 0:
-        raise _diagnose(proc.stderr, "", [])
+        if proc.returncode != 0:
+            raise _diagnose(_own_lines(proc.stderr, [tmp, str(HERE)]), "", [])
+        c10 = os.path.join(torch_include_dir(), "c10", "metal") if torch_include_dir() else ""
+        check_markers(proc.stdout, SOURCE_NAME, [str(stubs), c10, str(HERE)])
     return proc.stdout
+
+
+def _own_lines(stderr: str, own: list[str]) -> str:
+    """The compiler's messages without any line located in a file outside ``own`` (the
+    library, etmetal's headers): a message must never quote a foreign file."""
+    keep = []
+    for ln in stderr.splitlines():
+        m = re.match(r"^([^:\n]+):\d+:", ln)
+        if m and m.group(1) != SOURCE_NAME and not m.group(1).startswith(tuple(own)):
+            ln = "error: (a message located outside the library and etmetal's headers)"
+        elif not m and ln.startswith(" "):
+            continue  # a quoted source line under a message
+        keep.append(ln)
+    return "\n".join(keep)
 
 
 def _locations(stderr: str) -> list[tuple[str, int]]:
@@ -185,15 +218,39 @@ def source_key(source: str) -> str:
     return h.hexdigest()[:32]
 
 
+def _from_index(key: str) -> tuple[Path, list[Kernel]] | None:
+    """The library the index records for source ``key``, if it resolves to a verified entry
+    of the cache built for that same source; else None (then it is built again)."""
+    index = _index_path(key)
+    try:
+        name = json.loads(index.read_text())["entry"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("etmetal: ignoring the MSL index entry %s (%s)", index, exc)
+        return None
+    if not isinstance(name, str) or not _ENTRY_NAME.match(name):
+        log.warning("etmetal: ignoring the MSL index entry %s (not an entry name)", index)
+        return None
+    entry = ContentCache("msl").lookup(name)  # a plain name: resolves inside the cache
+    if entry is None:
+        return None
+    try:
+        described = json.loads((entry / KERNELS_FILE).read_text())
+        if described.get("source_key") != key:
+            return None
+        return entry / LIB_NAME, [_kernel_from_json(k) for k in described["kernels"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def build_library(source: str) -> tuple[Path, list[Kernel]]:
     """Compile ``source`` (cached) and describe its kernels. Raises CompileError/ParseError."""
     key = source_key(source)
     index = _index_path(key)
-    if index.exists():
-        meta = json.loads(index.read_text())
-        so = Path(meta["so"])
-        if so.exists():
-            return so, [_kernel_from_json(k) for k in meta["kernels"]]
+    found = _from_index(key)
+    if found is not None:
+        return found
     text = in_library_code(rewrite_address_spaces(_preprocess(source)), float_literals, str(HERE))
     kernels = find_kernels(text)
     names = [k.name for k in kernels]
@@ -204,15 +261,24 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
     dispatcher = dispatcher_path()
     # libm: the header's __builtin_expf & co. become calls to expf & co. when not folded
     link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}", "-lm"]
+    # the kernels' description travels in the entry, under its digests
+    described = {"source_key": key, "kernels": [asdict(k) for k in kernels]}
+    files = {"library.cpp": unit.encode(), KERNELS_FILE: json.dumps(described).encode()}
     try:
-        so = build_shared(
-            "msl", "libmsl.so", unit, lang="c++", flags=(*_FLAGS, "-fpreprocessed"), link=link
+        so = build_files(
+            "msl",
+            LIB_NAME,
+            files,
+            ["library.cpp"],
+            lang="c++",
+            flags=(*_FLAGS, "-fpreprocessed"),
+            link=link,
         )
     except NativeBuildError as e:
         raise _diagnose(str(e), text, kernels) from None
-    index.parent.mkdir(parents=True, exist_ok=True)
+    index.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = index.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"so": str(so), "kernels": [asdict(k) for k in kernels]}))
+    tmp.write_text(json.dumps({"entry": so.parent.name}))
     os.replace(tmp, index)
     return so, kernels
 

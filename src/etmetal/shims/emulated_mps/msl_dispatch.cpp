@@ -384,26 +384,33 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
   }
   uint64_t total = 1, per_group = 1;
   for (int d = 0; d < 3; d++) {
-    if (group[d] == 0) {
-      snprintf(err, err_len, "threadgroup size is 0 in dimension %d", d);
+    if (group[d] == 0 || group[d] > kMaxThreadsPerGroup) {
+      snprintf(err, err_len, "threadgroup size %llu in dimension %d is outside [1, %u]",
+               (unsigned long long)group[d], d, kMaxThreadsPerGroup);
       return 1;
     }
-    total *= threads[d];
-    per_group *= group[d];
+    // positions are uint32 per dimension; checked before any product, which could wrap
+    if (threads[d] > 0xffffffffull) {
+      snprintf(err, err_len, "grid size %llu in dimension %d exceeds 2^32-1",
+               (unsigned long long)threads[d], d);
+      return 1;
+    }
+    per_group *= group[d];  // at most 1024^3: no overflow
   }
   if (per_group > kMaxThreadsPerGroup) {
     snprintf(err, err_len, "threadgroup of %llu threads exceeds Metal's limit of %u",
              (unsigned long long)per_group, kMaxThreadsPerGroup);
     return 1;
   }
-  if (total == 0) return 0;
   for (int d = 0; d < 3; d++) {
-    if (threads[d] > 0xffffffffull) {
-      snprintf(err, err_len, "grid size %llu in dimension %d exceeds 2^32-1",
-               (unsigned long long)threads[d], d);
+    if (__builtin_mul_overflow(total, threads[d], &total)) {
+      snprintf(err, err_len, "a grid of %llu x %llu x %llu threads overflows 64 bits",
+               (unsigned long long)threads[0], (unsigned long long)threads[1],
+               (unsigned long long)threads[2]);
       return 1;
     }
   }
+  if (total == 0) return 0;
   uint32_t groups[3];
   for (int d = 0; d < 3; d++) groups[d] = uint32_t((threads[d] + group[d] - 1) / group[d]);
 

@@ -54,6 +54,7 @@ class Param:
     type: str
     buffer: int | None = None  # [[buffer(i)]]
     position: str | None = None  # a POSITION_FIELDS key
+    threadgroup: bool = False  # a threadgroup-memory pointer: no set_arg_* may bind it
 
 
 @dataclass
@@ -130,9 +131,10 @@ def _parse_param(kernel: str, text: str, auto_index: list[int]) -> Param:
     if not m:
         raise ParseError(kernel, f"cannot read the parameter '{text.strip()}'")
     name, ptype = m.group(1), decl[: m.start()].strip()
-    if re.search(r"\bthreadgroup\b", ptype):
+    threadgroup = re.search(r"\bthreadgroup\b", ptype) is not None
+    if threadgroup:
         ptype = re.sub(r"\bthreadgroup\b", " ", ptype).strip()
-    param = Param(name=name, type=ptype)
+    param = Param(name=name, type=ptype, threadgroup=threadgroup)
     for attr in attrs:
         am = re.match(r"(\w+)\s*(?:\((.*)\))?$", attr, re.S)
         key = am.group(1) if am else attr
@@ -293,7 +295,22 @@ def entry_source(kernels: list[Kernel]) -> str:
             f"(void* const* a, const etm_msl_thread* t) {{ (void)a; (void)t; "
             f"{k.call}({', '.join(args)}); }}"
         )
+    # after every entry (an error in an entry still names its kernel by line): what each
+    # [[buffer]] parameter takes, in buffer_indices order, as the compiler sees its type
+    for i, k in enumerate(kernels):
+        descs = [
+            f"etm::arg_desc<{p.type}>()"
+            for p in sorted((p for p in k.params if p.buffer is not None), key=_by_buffer)
+        ]
+        lines.append(
+            f'extern "C" __attribute__((visibility("default"))) const unsigned long long '
+            f"etm_msl_args_{i}[] = {{{', '.join(descs) or '0'}}};"
+        )
     return "\n".join(lines) + "\n"
+
+
+def _by_buffer(p: Param) -> int:
+    return p.buffer if p.buffer is not None else -1
 
 
 def line_of(text: str, offset: int) -> tuple[str, int]:
