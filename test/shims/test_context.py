@@ -263,7 +263,7 @@ def chunk_cat(tmp_path_factory):
 
 
 def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
-    """Interleaved runs: the "view" model stays exact whatever the "seed" model (upstream's
+    """Interleaved runs: the "view" model stays exact whatever the "upstream_copy" model (upstream's
     copying behaviour, which loses the kernel's writes) runs next to it."""
     expected, x, so_path, so_copy, weights = chunk_cat
     main = default_context()
@@ -272,11 +272,11 @@ def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
     try:
         with (
             AotiModel(so_path, weights) as view_model,
-            AotiModel(so_copy, weights, materialize="seed", context=other) as seed_model,
+            AotiModel(so_copy, weights, materialize="upstream_copy", context=other) as copy_model,
         ):
             for _ in range(3):  # first run, then steady runs
                 torch.testing.assert_close(view_model.run([x])[0], expected)
-                lost = seed_model.run([x])[0]
+                lost = copy_model.run([x])[0]
                 assert torch.isnan(lost).all()  # the cat wrote into copies only
                 assert main.materialize == "view" and other.materialize == "view"
         assert main.memory_stats().live() == (0, 0, 0)
@@ -286,7 +286,7 @@ def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
         other.host.fill_byte = None
 
 
-def test_seed_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
+def test_upstream_copy_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
     """Each model's runs follow its own policy, whatever the context's default (for calls
     outside runs) says, and no run writes a context-wide policy."""
     expected, x, so_path, _, weights = chunk_cat
@@ -302,15 +302,15 @@ def test_seed_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
     ctx.host.fill_byte = 0xFF
     ctx.__class__ = Spy
     try:
-        for default in ("seed", "view"):
+        for default in ("upstream_copy", "view"):
             ctx.set_materialize(default)
             writes.clear()
             with (
-                AotiModel(so_path, weights, materialize="seed") as seed_model,
+                AotiModel(so_path, weights, materialize="upstream_copy") as copy_model,
                 AotiModel(so_path, weights) as view_model,
             ):
                 for _ in range(3):  # first run, then steady runs
-                    assert torch.isnan(seed_model.run([x])[0]).all()
+                    assert torch.isnan(copy_model.run([x])[0]).all()
                     torch.testing.assert_close(view_model.run([x])[0], expected)
                     assert ctx.running is None
             assert writes == []
@@ -403,8 +403,8 @@ def test_using_the_shims_changes_no_module_level_state(chunk_cat, other):
         assert lib.aoti_torch_delete_tensor_object(h) == 0
         ctx.host.fill_byte = 0xFF
         ctx.host.fill_byte = None
-    with AotiModel(so_path, weights, materialize="seed") as seed_model:
-        seed_model.run([x])
+    with AotiModel(so_path, weights, materialize="upstream_copy") as copy_model:
+        copy_model.run([x])
     with AotiModel(so_copy, weights, context=other) as model:
         torch.testing.assert_close(model.run([x])[0], expected)
     src = torch.randn(3, 5).t()

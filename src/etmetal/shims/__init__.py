@@ -6,7 +6,7 @@ a count of the tensors on it; a ``Tensor`` is storage + dtype + sizes + any stri
 + storage offset; an ``AtenTensorHandle`` is an opaque integer keying the handle
 table. ``_reinterpret_tensor`` keeps views, packed or not, in the parent's storage,
 so kernels that write through views with holes (``chunk``/``split`` + ``cat``) work;
-``materialize="seed"`` reproduces upstream Metal's always-copy behaviour.
+``materialize="upstream_copy"`` reproduces upstream Metal's always-copy behaviour.
 The emulated Metal device (``metal``) adds ``mps`` storage (c10 device type 13, host
 memory like Apple's shared-storage buffers) and the ``shim_mps.h`` ABI, so an
 ``mps_emulated`` ``.so`` runs with ``AotiModel(..., device="mps")``: its Metal kernels on

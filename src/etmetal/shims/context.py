@@ -64,7 +64,7 @@ from .handles import HandleTable
 from .registry import SHIMS
 from .storage import Allocator, HostAllocator, ShimError, Storage, Tensor
 
-MATERIALIZE_MODES = ("view", "seed")
+MATERIALIZE_MODES = ("view", "upstream_copy")
 
 # proxy executor handles (AOTIProxyExecutorHandle) are keys of the same kind, elsewhere
 _PROXY_BASE = 0x7E71_0000_0000
@@ -112,7 +112,7 @@ class ShimContext(HandleTable):
         self.device_state: dict[str, object] = {}  # per-device tables (e.g. mps buffers)
         self.shims: dict[str, Callable] = dict(SHIMS)
         # "view": _reinterpret_tensor keeps views in the parent's storage (correct);
-        # "seed": copy non-packed views into a new buffer (upstream Metal's behaviour).
+        # "upstream_copy": copy non-packed views into a new buffer (upstream Metal's behaviour).
         # The policy of shim calls made outside any model's run (``c_api``); a model's
         # calls follow the model's own ``materialize`` (``policy``).
         self.materialize = "view"
@@ -209,10 +209,10 @@ class ShimContext(HandleTable):
         # views in C follow the "view" policy; while a model that materializes is open (or
         # the context's own policy says so), every _reinterpret_tensor goes to Python, which
         # reads the policy of the run in progress
-        seeding = self.materialize != "view" or any(
+        copying = self.materialize != "view" or any(
             getattr(m, "materialize", "view") != "view" for m in self._open_model_set
         )
-        native.set_views(not seeding)
+        native.set_views(not copying)
 
     def model_opened(self, model: object | None = None) -> None:
         """``model`` (anything with ``close()``) is closed by ``close_models`` if still open."""

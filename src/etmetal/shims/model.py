@@ -87,7 +87,7 @@ class AotiModel(ModelRuns):
     ``weights_blob`` is the constants blob AOTI wrote next to the ``.so``; constants
     become tensors borrowing it, so it is kept alive until ``close()``. ``materialize``
     picks the ``_reinterpret_tensor`` behaviour for this model's calls ("view", the
-    default, or "seed", upstream's always-copy behaviour, for comparison only).
+    default, or "upstream_copy", upstream's always-copy behaviour, for comparison only).
     ``device`` is the device the ``.so`` was compiled for: ``"cpu"`` (the ``host`` target)
     or ``"mps"`` (the ``mps_emulated`` target: inputs are lent as ``mps`` tensors and the
     ``.so`` runs its Metal kernels on the emulated device).

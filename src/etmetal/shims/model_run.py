@@ -14,6 +14,7 @@ import torch
 from etmetal.shims.emulated_mps.mps_device import take_unchecked_error
 
 from .bridge import BridgeError
+from .steady_run import SteadyResult
 from .storage import ShimError, Storage, Tensor, tensor_from_torch
 
 
@@ -130,8 +131,8 @@ class ModelRuns:
                 ready = self._ready
                 if ready is not None:
                     ran = ready.run(inputs, outputs)
-                    if ran is not None and ran[0] == 0 and not ran[2]:
-                        return ran[1]  # the usual case: everything went through etm_run
+                    if ran is not None and ran.rc == 0 and not ran.pending:
+                        return ran.results  # the usual case: everything went through etm_run
                     return self._run_locked(inputs, outputs, ran)
                 if self._container is None:
                     raise AotiModelError(f"{self.so_path.name}: model is closed")
@@ -161,20 +162,20 @@ class ModelRuns:
                 f"failed: {message}"
             )
 
-    def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
+    def _run_locked(self, inputs, outputs, ran: SteadyResult | None) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""
         if ran is None and self._ready is not None:
             ran = self._ready.run(inputs, outputs)
         if ran is None:
             return self._run_general(inputs)
-        rc, results, pending = ran
-        if rc != 0:
+        results = ran.results
+        if ran.rc != 0:
             ctx = self.context
             for h in results:
                 if type(h) is int and ctx.is_live(h):
                     ctx.unregister(h)
-            self._check(rc, "run")
-        if pending:
+            self._check(ran.rc, "run")
+        if ran.pending:
             for i, h in enumerate(results):
                 if type(h) is int:
                     results[i] = self._take_output(h, i)

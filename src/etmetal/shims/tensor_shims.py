@@ -177,7 +177,7 @@ def aoti_torch_new_tensor_handle(ctx, orig_handle, new_handle):
     ctx.emit(new_handle, Tensor(t.storage, t.dtype, t.sizes, t.strides, t.offset))
 
 
-def _seed_materialize(ctx, base: Tensor, sizes, strides, offset) -> Tensor:
+def _upstream_copy_materialize(ctx, base: Tensor, sizes, strides, offset) -> Tensor:
     """Upstream Metal's behaviour for a view with holes: gather it into a new packed buffer.
 
     The kernel still indexes with the compiled strides, so upstream reads and writes
@@ -211,8 +211,10 @@ def aoti_torch__reinterpret_tensor(ctx, self, ndim, sizes_ptr, strides_ptr, offs
     _check_fits(base.storage, base.dtype, sizes, strides, offset)
     running = ctx.running  # the model being run carries its policy; else the context's
     mode = ctx.materialize if running is None else running.materialize
-    if mode == "seed" and not is_packed(sizes, strides):
-        ctx.emit(ret, _seed_materialize(ctx, base, sizes, strides, offset), "ret_new_tensor")
+    if mode == "upstream_copy" and not is_packed(sizes, strides):
+        ctx.emit(
+            ret, _upstream_copy_materialize(ctx, base, sizes, strides, offset), "ret_new_tensor"
+        )
         return
     ctx.emit(ret, Tensor(base.storage, base.dtype, sizes, strides, offset), "ret_new_tensor")
 
