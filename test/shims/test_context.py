@@ -31,6 +31,7 @@ from etmetal.shims import (
     ShimContext,
     c_api,
     default_context,
+    standard_context,
 )
 from etmetal.shims.abi_codes import DEVICE_CODES
 
@@ -158,7 +159,7 @@ def _empty(lib, sizes, device_type: int = 0) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def other() -> ShimContext:
-    ctx = ShimContext()
+    ctx = standard_context()
     ctx.load_bridge()
     return ctx
 
@@ -205,7 +206,7 @@ class FillingAllocator(HostAllocator):
 
 
 def test_a_device_registered_on_one_context_is_not_on_the_other():
-    ctx = ShimContext()
+    ctx = standard_context()
     seen = []
 
     def xpu_dtype_size(ctx_arg, dtype):  # a device-only shim, reached with its context
@@ -230,7 +231,7 @@ def test_a_device_registered_on_one_context_is_not_on_the_other():
     assert lib.aoti_torch_delete_tensor_object(h) == 0
     assert lib.aoti_torch_dtype_element_size(FLOAT32) == 123 and seen == [ctx]
 
-    assert XPU in ShimContext(devices=[ctx.devices["xpu"]]).allocators
+    assert XPU in standard_context(devices=[ctx.devices["xpu"]]).allocators
 
     main = default_context()
     main.clear_last_error()
@@ -426,7 +427,7 @@ def test_exit_hook_closes_open_models_then_releases_succeed_in_c(chunk_cat, tmp_
     from etmetal.shims.bridge import _unbind_at_exit
 
     expected, x, so_path, _, weights = chunk_cat
-    ctx = ShimContext()
+    ctx = standard_context()
     own = tmp_path / so_path.name  # a model file binds to the first context loading it
     shutil.copy2(so_path, own)
     model = AotiModel(own, weights, context=ctx)  # left open, as by a user's script

@@ -28,7 +28,7 @@ import os
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from etmetal.shims.abi_codes import constant_shims
 from etmetal.shims.emulated_mps import bridge_source
@@ -37,8 +37,19 @@ from etmetal.shims.record_table import Records
 
 from . import abi, native_tensors
 
-if TYPE_CHECKING:
-    from .context import ShimContext
+
+class ShimContext(Protocol):
+    """What a bridge needs of the context it serves (``context.ShimContext`` is the one; the
+    bridge sits below it, so it names the needs instead of importing the class)."""
+
+    shims: Mapping[str, Callable]
+
+    def record_error(self, shim: str, message: str) -> None: ...
+
+    def attach_native(self, records: Records, native: native_tensors.NativeTensors) -> None: ...
+
+    def load_bridge(self) -> Bridge: ...
+
 
 CHECK_SHIM = "aoti_torch_check"
 

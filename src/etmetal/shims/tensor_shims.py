@@ -19,7 +19,7 @@ from etmetal.shims.abi_codes import (
     LAYOUT_STRIDED,
 )
 
-from .registry import check_ndim, read_i64s, shim
+from .registry import ShimTable, check_ndim, read_i64s
 from .storage import (
     ShimError,
     Storage,
@@ -31,6 +31,10 @@ from .storage import (
 
 if TYPE_CHECKING:
     from .context import ShimContext
+
+# this module's shims: registered on a context by whoever builds it, never on import
+SHIMS = ShimTable()
+shim = SHIMS.shim
 
 DTYPE_FLOAT32 = DTYPE_CODES["float32"]
 

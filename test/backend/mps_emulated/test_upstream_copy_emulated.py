@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from etmetal.examples.strided_views import CASES_BY_NAME
-from etmetal.shims import AotiModel, memory_stats
-from etmetal.shims.context import default_context
+from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 
 
@@ -64,7 +63,7 @@ def test_views_with_holes_are_correct_on_the_emulated_device(name, lowered_mps):
     (expected,) = low.expected()
     (got,) = low.run()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    assert memory_stats().storages == 0 and mps_device.live_mps_storages() == 0
+    assert memory_stats().storages == 0 and mps_device.live_mps_storages(default_context()) == 0
 
 
 def test_upstream_copy_materialization_loses_the_chunk_cat_writes(emulated_so, poisoned_mps_memory):
@@ -80,4 +79,4 @@ def test_upstream_copy_materialization_loses_the_chunk_cat_writes(emulated_so, p
     assert torch.isnan(out).all(), (
         "upstream_copy materialization should lose the writes through views"
     )
-    assert memory_stats().storages == 0 and mps_device.live_mps_storages() == 0
+    assert memory_stats().storages == 0 and mps_device.live_mps_storages(default_context()) == 0
