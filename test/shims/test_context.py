@@ -32,6 +32,7 @@ from etmetal.shims import (
     c_api,
     default_context,
     standard_context,
+    standard_shims,
 )
 from etmetal.shims.abi_codes import DEVICE_CODES
 
@@ -238,6 +239,34 @@ def test_a_device_registered_on_one_context_is_not_on_the_other():
     rc, _ = _empty(c_api(), (4,), device_type=XPU)
     assert rc == 1 and "no allocator" in main.last_error()
     assert c_api().aoti_torch_dtype_element_size(FLOAT32) == 4  # the default shim there
+
+
+def test_the_emulated_metal_device_is_a_plug_in():
+    """A context has the emulated Metal device only once it is registered on it: without it
+    no mps storage, no mps shims and none of its native code; ``register`` brings all three
+    (and refuses once the trampoline is built without its code)."""
+    from etmetal.shims.emulated_mps import mps_device, plugin
+
+    bare = ShimContext(shims=standard_shims())
+    assert not [n for n in bare.shims if n.startswith("aoti_torch_mps_malloc")]
+    rc, _ = _empty(c_api(bare), (3,), device_type=mps_device.DEVICE_MPS)
+    assert rc == 1 and "no allocator" in bare.last_error()
+    assert "aoti_torch_mps_shared_callback" not in bare.load_bridge().exported
+    with pytest.raises(BridgeError, match="native code"):
+        plugin.register(bare)
+
+    ctx = ShimContext(shims=standard_shims())
+    plugin.register(ctx)
+    lib = c_api(ctx)
+    rc, h = _empty(lib, (3,), device_type=mps_device.DEVICE_MPS)
+    assert rc == 0, ctx.last_error()
+    device = ctypes.c_int32()
+    assert lib.aoti_torch_get_device_type(h, ctypes.byref(device)) == 0
+    assert device.value == DEVICE_CODES["mps"]
+    assert mps_device.live_mps_storages(ctx) == 1
+    assert lib.aoti_torch_delete_tensor_object(h) == 0
+    assert mps_device.live_mps_storages(ctx) == 0
+    assert "aoti_torch_mps_shared_callback" in ctx.load_bridge().exported
 
 
 def test_shims_for_names_the_loaded_trampoline_lacks_are_refused(other):

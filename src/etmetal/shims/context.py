@@ -51,7 +51,7 @@ from etmetal.shims.record_table import Records
 
 from . import native_tensors
 from .bridge import Bridge, BridgeError, build, generate_source
-from .device import Device
+from .device import BridgeSource, Device
 from .handles import HandleTable
 from .storage import Allocator, HostAllocator, ShimError
 
@@ -186,6 +186,12 @@ class ShimContext:
 
     def register_device(self, device: Device) -> Allocator:
         """Register ``device``'s allocator (a new one for this context) and its shims."""
+        if device.bridge_source is not None and self.bridge is not None:
+            raise BridgeError(
+                f"device {device.name!r} compiles native code into the trampoline, and this "
+                "context's trampoline is loaded; register it before the first "
+                "load_bridge()/AotiModel"
+            )
         allocator = device.make_allocator()
         self.register_shims(device.shims)
         self.register_allocator(device.device_type, allocator)
@@ -198,11 +204,15 @@ class ShimContext:
         """Build (once per content) and load (once per context) this context's trampoline."""
         with self._load_lock:
             if self.bridge is None:
-                path = build(generate_source(self.shims))
+                path = build(generate_source(self.shims, self.bridge_sources()))
                 if self._private_bridge:
                     path = _private_copy(self, path)
                 self.bridge = Bridge(path, self)
             return self.bridge
+
+    def bridge_sources(self) -> list[BridgeSource]:
+        """The native code the registered devices compile into this context's trampoline."""
+        return [d.bridge_source for d in self.devices.values() if d.bridge_source is not None]
 
     def attach_native(self, records: Records, native: native_tensors.NativeTensors) -> None:
         """Called by the bridge once loaded: its record table and native tensors."""
