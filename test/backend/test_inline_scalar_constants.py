@@ -1,4 +1,4 @@
-"""``inline_scalar_constants``: 0-dim constants of elementwise arithmetic become numbers again."""
+"""``InlineScalarConstantsPass``: 0-dim constants of elementwise arithmetic become numbers again."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ import pytest
 import torch
 from torch import nn
 
-from etmetal.backend.passes.inline_scalar_constants import inline_scalar_constants
+from etmetal.backend.passes.inline_scalar_constants_pass import InlineScalarConstantsPass
+
+
+def inline_scalar_constants(ep: torch.export.ExportedProgram) -> int:
+    """Run the pass the way ``prepare_for_aoti`` does; how many operands became numbers."""
+    pass_ = InlineScalarConstantsPass(ep)
+    result = pass_(ep.graph_module)
+    assert result.graph_module is ep.graph_module  # rewritten in place
+    assert result.modified == (pass_.replaced > 0)
+    return pass_.replaced
 
 
 class Scaled(nn.Module):
@@ -78,3 +87,12 @@ def test_constant_first_operand_of_a_commutative_op():
 def test_a_constant_the_program_writes_stays_a_tensor():
     ep = torch.export.export(WritesItsConstant(), (torch.randn(3),))
     assert inline_scalar_constants(ep) == 0
+
+
+def test_the_pass_refuses_a_graph_not_of_its_program():
+    x = torch.randn(2, 3)
+    ep = torch.export.export(Scaled(torch.mul, torch.tensor(4.0)), (x,))
+    other = torch.export.export(Scaled(torch.mul, torch.tensor(2.0)), (x,))
+    with pytest.raises(ValueError, match="graph module of the ExportedProgram"):
+        InlineScalarConstantsPass(ep)(other.graph_module)
+    assert _numbers(other) == []  # nothing was rewritten

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from etmetal.backend.passes.dim_order_to_aten import rewrite_dim_order_ops
-from etmetal.backend.passes.replace_view_copy_with_view import ReplaceViewCopyWithView
+from etmetal.backend.passes.dim_order_to_aten_pass import DimOrderToAtenPass
+from etmetal.backend.passes.replace_view_copy_with_view_pass import ReplaceViewCopyWithViewPass
 
 aten = torch.ops.aten
 
@@ -89,8 +89,9 @@ def test_view_rewrite_keeps_copy_semantics(fn, views, copies):
     x = torch.randn(4, 4)
     reference = make_fx(fn)(x)
     rewritten = make_fx(fn)(x)
-    rewrite = ReplaceViewCopyWithView()
-    rewrite(rewritten)
+    rewrite = ReplaceViewCopyWithViewPass()
+    result = rewrite(rewritten)
+    assert result.graph_module is rewritten and result.modified == (views + copies > 0)
     assert (rewrite.as_view, rewrite.as_copy) == (views, copies)
     remaining = [n.target for n in rewritten.graph.nodes if "_copy" in str(n.target)]
     assert remaining == [], "every view copy is rewritten (Inductor has no lowering for them)"
@@ -106,8 +107,8 @@ def test_view_of_a_mutated_program_input_stays_a_copy():
 
     gm = make_fx(read_buffer)(torch.randn(4, 3), torch.randn(2, 3))
     buf_name = next(n.name for n in gm.graph.nodes if n.op == "placeholder")
-    rewrite = ReplaceViewCopyWithView(mutated_inputs={buf_name})
-    rewrite(gm)
+    rewrite = ReplaceViewCopyWithViewPass(mutated_inputs={buf_name})
+    assert rewrite(gm).modified
     assert (rewrite.as_view, rewrite.as_copy) == (0, 1)
 
 
@@ -130,9 +131,20 @@ def test_dim_order_copy_becomes_to_copy_with_the_same_layout(dim_order, fmt):
     op = torch.ops.dim_order_ops._to_dim_order_copy.default
     gm = dim_order_graph(op, x, dtype=torch.float16, dim_order=dim_order)
     want = gm(x)[0]
-    assert rewrite_dim_order_ops(gm) == 1
+    pass_ = DimOrderToAtenPass()
+    result = pass_(gm)
+    assert result.modified and result.graph_module is gm and pass_.rewritten == 1
     [node] = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert node.target is aten._to_copy.default and node.kwargs["memory_format"] == fmt
     got = gm(x)[0]
     assert got.dtype == want.dtype and got.stride() == want.stride()
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_dim_order_pass_leaves_a_graph_without_dim_order_ops_unmodified():
+    x = torch.randn(2, 3)
+    gm = dim_order_graph(aten.clone.default, x)
+    pass_ = DimOrderToAtenPass()
+    assert not pass_(gm).modified and pass_.rewritten == 0
+    [node] = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert node.target is aten.clone.default

@@ -29,7 +29,9 @@ TORCH_INCLUDE = Path(torch.__file__).parent / "include"
 def test_mps_emulated_is_a_target_on_the_mps_device():
     partitioner = MetalPartitioner(target="mps_emulated")
     assert partitioner.target == "mps_emulated"
-    assert targets.device_of("mps_emulated") == "mps"
+    record = targets.get_target("mps_emulated")
+    assert partitioner.target_record is record
+    assert (record.torch_device, record.container_device, record.shim_prefix) == ("mps",) * 3
     assert partitioner.capabilities.device == "mps"
     # the point of the target: its predictions are the real Metal ones
     assert partitioner.capabilities.supported_fallbacks == SUPPORTED_FALLBACKS["mps"]
@@ -39,14 +41,14 @@ def test_mps_emulated_is_a_target_on_the_mps_device():
 
 def test_compile_spec_selects_mps_emulated():
     options = parse_compile_specs([CompileSpec("target", b"mps_emulated")])
-    assert options.target == "mps_emulated"
+    assert options.target is targets.MPS_EMULATED and options.target.name == "mps_emulated"
     assert MetalPartitioner([CompileSpec("target", b"mps_emulated")]).target == "mps_emulated"
 
 
 @pytest.mark.parametrize("mps", [False, True])
 def test_auto_never_picks_mps_emulated(monkeypatch, mps):
     monkeypatch.setattr(targets, "mps_available", lambda: mps)
-    assert targets.resolve_target("auto") == ("mps" if mps else "host")
+    assert targets.resolve_target("auto").name == ("mps" if mps else "host")
 
 
 @pytest.mark.skipif(torch.backends.mps.is_available(), reason="checks the non-macOS error")
@@ -64,7 +66,7 @@ def test_misspelled_targets_list_mps_emulated(target):
 
 
 def test_compile_rejects_unknown_targets_and_libtorch():
-    with pytest.raises(ValueError, match="unknown AOTI target 'metal'.*'mps_emulated'"):
+    with pytest.raises(ValueError, match="unknown Metal target 'metal'.*'mps_emulated'"):
         aoti_compile.compile_exported_program(None, target="metal")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="without libtorch"):
         aoti_compile.compile_exported_program(

@@ -21,7 +21,10 @@ from etmetal.common.fallback_table import (
     fallback_shims,
     runtime_shims,
 )
-from etmetal.shims.registry import SHIMS
+from etmetal.shims import default_context
+
+# every shim the default context implements (standard shims and the emulated Metal device)
+SHIMS = default_context().shims
 
 _FALLBACK_SYMBOL = re.compile(r"aoti_torch_(?:cpu|mps|cuda|xpu)_")
 

@@ -17,12 +17,12 @@ from torch import nn
 
 import etmetal
 from etmetal.examples.view_copy import get_case
-from etmetal.layout.config import ViewCopyThenSymShapeEval
-from etmetal.layout.layout_safe_view_copy import (
+from etmetal.layout.layout_safe_view_copy_pass import (
     LayoutSafeViewCopyError,
     LayoutSafeViewCopyPass,
     is_view_copy,
 )
+from etmetal.layout.view_copy_then_sym_shape_eval_pass import ViewCopyThenSymShapeEvalPass
 from etmetal.testing.view_copy_matrix import (
     eager_outputs,
     kernel_calls,
@@ -263,7 +263,7 @@ def test_backend_config_replaces_the_stock_pass_and_keeps_other_fields():
     assert config.remove_view_copy is False  # the stock, layout-blind replacement is off
     assert config.emit_stacktrace is True
     wrapper = config.sym_shape_eval_pass
-    assert isinstance(wrapper, ViewCopyThenSymShapeEval)
+    assert isinstance(wrapper, ViewCopyThenSymShapeEvalPass)
     assert (
         wrapper.view_copy_pass.replace_views and wrapper.view_copy_pass.legalize_for_stock_kernels
     )
@@ -277,7 +277,7 @@ def test_backend_config_wraps_per_method_sym_shape_eval_passes():
     assert config.sym_shape_eval_pass["forward"].sym_shape_eval_pass is mine
     # a method the dict does not name gets the default pass, still after the lowering
     other = config.sym_shape_eval_pass.get("other", ExecutorchBackendConfig().sym_shape_eval_pass)
-    assert isinstance(other, ViewCopyThenSymShapeEval)
+    assert isinstance(other, ViewCopyThenSymShapeEvalPass)
 
 
 def test_backend_config_rejects_a_bad_sym_shape_eval_pass():

@@ -13,8 +13,8 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.passes.spec_prop_pass import SpecPropPass
 from torch import nn
 
-from etmetal.layout.layout_safe_view_copy import LayoutSafeViewCopyPass
-from etmetal.layout.legalize_dim_orders import (
+from etmetal.layout.layout_safe_view_copy_pass import LayoutSafeViewCopyPass
+from etmetal.layout.legalize_dim_orders_pass import (
     LegalizeDimOrdersPass,
     StockKernelLayoutError,
     same_memory,

@@ -31,6 +31,8 @@ from etmetal.shims import (
     ShimContext,
     c_api,
     default_context,
+    standard_context,
+    standard_shims,
 )
 from etmetal.shims.abi_codes import DEVICE_CODES
 
@@ -158,7 +160,7 @@ def _empty(lib, sizes, device_type: int = 0) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def other() -> ShimContext:
-    ctx = ShimContext()
+    ctx = standard_context()
     ctx.load_bridge()
     return ctx
 
@@ -205,7 +207,7 @@ class FillingAllocator(HostAllocator):
 
 
 def test_a_device_registered_on_one_context_is_not_on_the_other():
-    ctx = ShimContext()
+    ctx = standard_context()
     seen = []
 
     def xpu_dtype_size(ctx_arg, dtype):  # a device-only shim, reached with its context
@@ -230,13 +232,41 @@ def test_a_device_registered_on_one_context_is_not_on_the_other():
     assert lib.aoti_torch_delete_tensor_object(h) == 0
     assert lib.aoti_torch_dtype_element_size(FLOAT32) == 123 and seen == [ctx]
 
-    assert XPU in ShimContext(devices=[ctx.devices["xpu"]]).allocators
+    assert XPU in standard_context(devices=[ctx.devices["xpu"]]).allocators
 
     main = default_context()
     main.clear_last_error()
     rc, _ = _empty(c_api(), (4,), device_type=XPU)
     assert rc == 1 and "no allocator" in main.last_error()
     assert c_api().aoti_torch_dtype_element_size(FLOAT32) == 4  # the default shim there
+
+
+def test_the_emulated_metal_device_is_a_plug_in():
+    """A context has the emulated Metal device only once it is registered on it: without it
+    no mps storage, no mps shims and none of its native code; ``register`` brings all three
+    (and refuses once the trampoline is built without its code)."""
+    from etmetal.shims.emulated_mps import mps_device, plugin
+
+    bare = ShimContext(shims=standard_shims())
+    assert not [n for n in bare.shims if n.startswith("aoti_torch_mps_malloc")]
+    rc, _ = _empty(c_api(bare), (3,), device_type=mps_device.DEVICE_MPS)
+    assert rc == 1 and "no allocator" in bare.last_error()
+    assert "aoti_torch_mps_shared_callback" not in bare.load_bridge().exported
+    with pytest.raises(BridgeError, match="native code"):
+        plugin.register(bare)
+
+    ctx = ShimContext(shims=standard_shims())
+    plugin.register(ctx)
+    lib = c_api(ctx)
+    rc, h = _empty(lib, (3,), device_type=mps_device.DEVICE_MPS)
+    assert rc == 0, ctx.last_error()
+    device = ctypes.c_int32()
+    assert lib.aoti_torch_get_device_type(h, ctypes.byref(device)) == 0
+    assert device.value == DEVICE_CODES["mps"]
+    assert mps_device.live_mps_storages(ctx) == 1
+    assert lib.aoti_torch_delete_tensor_object(h) == 0
+    assert mps_device.live_mps_storages(ctx) == 0
+    assert "aoti_torch_mps_shared_callback" in ctx.load_bridge().exported
 
 
 def test_shims_for_names_the_loaded_trampoline_lacks_are_refused(other):
@@ -263,7 +293,7 @@ def chunk_cat(tmp_path_factory):
 
 
 def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
-    """Interleaved runs: the "view" model stays exact whatever the "seed" model (upstream's
+    """Interleaved runs: the "view" model stays exact whatever the "upstream_copy" model (upstream's
     copying behaviour, which loses the kernel's writes) runs next to it."""
     expected, x, so_path, so_copy, weights = chunk_cat
     main = default_context()
@@ -272,11 +302,11 @@ def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
     try:
         with (
             AotiModel(so_path, weights) as view_model,
-            AotiModel(so_copy, weights, materialize="seed", context=other) as seed_model,
+            AotiModel(so_copy, weights, materialize="upstream_copy", context=other) as copy_model,
         ):
             for _ in range(3):  # first run, then steady runs
                 torch.testing.assert_close(view_model.run([x])[0], expected)
-                lost = seed_model.run([x])[0]
+                lost = copy_model.run([x])[0]
                 assert torch.isnan(lost).all()  # the cat wrote into copies only
                 assert main.materialize == "view" and other.materialize == "view"
         assert main.memory_stats().live() == (0, 0, 0)
@@ -286,7 +316,7 @@ def test_materialize_policy_is_per_model_and_per_context(chunk_cat, other):
         other.host.fill_byte = None
 
 
-def test_seed_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
+def test_upstream_copy_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
     """Each model's runs follow its own policy, whatever the context's default (for calls
     outside runs) says, and no run writes a context-wide policy."""
     expected, x, so_path, _, weights = chunk_cat
@@ -302,15 +332,15 @@ def test_seed_and_view_models_share_a_context_without_sharing_policy(chunk_cat):
     ctx.host.fill_byte = 0xFF
     ctx.__class__ = Spy
     try:
-        for default in ("seed", "view"):
+        for default in ("upstream_copy", "view"):
             ctx.set_materialize(default)
             writes.clear()
             with (
-                AotiModel(so_path, weights, materialize="seed") as seed_model,
+                AotiModel(so_path, weights, materialize="upstream_copy") as copy_model,
                 AotiModel(so_path, weights) as view_model,
             ):
                 for _ in range(3):  # first run, then steady runs
-                    assert torch.isnan(seed_model.run([x])[0]).all()
+                    assert torch.isnan(copy_model.run([x])[0]).all()
                     torch.testing.assert_close(view_model.run([x])[0], expected)
                     assert ctx.running is None
             assert writes == []
@@ -403,8 +433,8 @@ def test_using_the_shims_changes_no_module_level_state(chunk_cat, other):
         assert lib.aoti_torch_delete_tensor_object(h) == 0
         ctx.host.fill_byte = 0xFF
         ctx.host.fill_byte = None
-    with AotiModel(so_path, weights, materialize="seed") as seed_model:
-        seed_model.run([x])
+    with AotiModel(so_path, weights, materialize="upstream_copy") as copy_model:
+        copy_model.run([x])
     with AotiModel(so_copy, weights, context=other) as model:
         torch.testing.assert_close(model.run([x])[0], expected)
     src = torch.randn(3, 5).t()
@@ -426,7 +456,7 @@ def test_exit_hook_closes_open_models_then_releases_succeed_in_c(chunk_cat, tmp_
     from etmetal.shims.bridge import _unbind_at_exit
 
     expected, x, so_path, _, weights = chunk_cat
-    ctx = ShimContext()
+    ctx = standard_context()
     own = tmp_path / so_path.name  # a model file binds to the first context loading it
     shutil.copy2(so_path, own)
     model = AotiModel(own, weights, context=ctx)  # left open, as by a user's script

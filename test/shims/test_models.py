@@ -77,7 +77,7 @@ def poisoned_memory():
 
 
 @pytest.mark.parametrize("name", [c.name for c in CASES])
-def test_seed_materialization_loses_writes(name, artifacts, poisoned_memory, no_leaks):
+def test_upstream_copy_materialization_loses_writes(name, artifacts, poisoned_memory, no_leaks):
     """Upstream Metal's always-copy reinterpret: kernels write into copies, the output misses them.
 
     With views kept in the parent storage (the default) the same poisoned run is exact,
@@ -88,10 +88,12 @@ def test_seed_materialization_loses_writes(name, artifacts, poisoned_memory, no_
     expected = ep.module()(*inputs)
     with AotiModel(art.so_path, art.weights_path.read_bytes()) as model:
         torch.testing.assert_close(model.run(inputs)[0], expected, atol=1e-5, rtol=1e-5)
-    with AotiModel(art.so_path, art.weights_path.read_bytes(), materialize="seed") as model:
+    with AotiModel(
+        art.so_path, art.weights_path.read_bytes(), materialize="upstream_copy"
+    ) as model:
         (out,) = model.run(inputs)
     lost = torch.isnan(out) | ~torch.isclose(out, expected, atol=1e-3, rtol=1e-3)
-    assert lost.any(), "seed materialization should lose writes"
+    assert lost.any(), "upstream_copy materialization should lose writes"
     if name == "chunk_cat":
         # the fused cat kernel writes only through the two views: nothing reaches the output
         assert torch.isnan(out).all()

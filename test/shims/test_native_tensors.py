@@ -133,11 +133,11 @@ def test_python_adopts_native_views_into_one_storage(cdrv):
     assert memory_stats().live() == before.live()
 
 
-def test_seed_policy_keeps_views_in_python(cdrv):
+def test_upstream_copy_policy_keeps_views_in_python(cdrv):
     from etmetal.shims import set_materialize
 
     h = cdrv.empty((4, 6))
-    previous = set_materialize("seed")
+    previous = set_materialize("upstream_copy")
     try:
         rc, packed_copy = cdrv.reinterpret(h, (4, 3), (6, 1), 3)  # has holes: materialized
         assert rc == 0, last_error()

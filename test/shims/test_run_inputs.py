@@ -43,7 +43,7 @@ def test_new_tensors_views_and_aliases(model):
     _check(model, x, x)  # one tensor passed twice
     for _ in range(20):  # many distinct tensors: the cache stays bounded and correct
         _check(model, torch.randn(4, 8), torch.randn(4, 8))
-    assert len(model._input_cache) <= 4 * model.num_inputs
+    assert len(model._runner._input_cache) <= 4 * model.num_inputs
     stats = memory_stats()  # the model has no constants: nothing may stay registered
     assert (stats.tensors, stats.storages) == (0, 0)
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from etmetal.backend.aoti_compile import compile_exported_program
 from etmetal.shims import AotiModel, memory_stats
-from etmetal.shims.steady_run import COPY_LIMIT
+from etmetal.shims.steady_run import COPY_LIMIT, SteadyResult
 
 WIDE = COPY_LIMIT // 4  # float32 columns: one row of the wide output is past the copy limit
 
@@ -39,6 +39,7 @@ def module_and_model():
     )
     art = compile_exported_program(ep)
     with AotiModel(art.so_path, art.weights_path.read_bytes()) as model:
+        model.artifact = art  # for tests that open a second model of the same .so
         yield module, model
 
 
@@ -132,3 +133,43 @@ def test_inputs_handed_back_as_outputs_are_copied_out():
             assert a.data_ptr() != x.data_ptr() and c.data_ptr() != y.data_ptr()
             x.add_(1.0)
     assert memory_stats().live() == before.live()
+
+
+def test_a_steady_run_reports_a_named_result(module_and_model, monkeypatch):
+    module, model = module_and_model
+    inputs = _inputs(4, 11)
+    model.run(inputs)  # the first run teaches the steady run the outputs
+    steady = model._runner._ready
+    seen = []
+    real_run = steady.run
+
+    def recording(*args):
+        seen.append(real_run(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(steady, "run", recording)
+    for got, want in zip(model.run(inputs), _expected(module, inputs)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    [ran] = seen
+    assert isinstance(ran, SteadyResult) and ran.rc == 0
+    assert ran == (ran.rc, ran.results, ran.pending)  # a tuple still, its fields named
+    assert len(ran.results) == 3
+
+
+def test_a_dropped_model_closes_at_once_without_the_collector(module_and_model):
+    """The run state is a collaborator that refers to its model weakly: dropping the last
+    reference closes the model at once (no cycle waits for the garbage collector)."""
+    import gc
+
+    _, model = module_and_model
+    art, ctx = model.artifact, model.context
+    before = ctx.open_models
+    gc.disable()
+    try:
+        other = AotiModel(art.so_path, art.weights_path.read_bytes())
+        other.run(_inputs(4, 2))
+        assert ctx.open_models == before + 1
+        del other
+        assert ctx.open_models == before
+    finally:
+        gc.enable()

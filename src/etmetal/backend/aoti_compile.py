@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from etmetal.common.cache import ContentCache
+from etmetal.common.targets import HOST, MPS, MPS_EMULATED, MetalTarget, get_target
 
 from . import input_checks
 from .extern_nodes import PROXY_EXECUTOR_SHIM, dtype_annotated_tables, find_extern_nodes, read_table
@@ -41,10 +42,6 @@ _CACHE_FORMAT = 1
 # the entry's copy of Inductor's extern-node table (only when the .so calls the proxy executor)
 EXTERN_NODES_FILE = "extern_nodes.json"
 
-HOST_TARGET = "host"
-MPS_TARGET = "mps"
-MPS_EMULATED_TARGET = "mps_emulated"
-AOTI_TARGETS = (HOST_TARGET, MPS_TARGET, MPS_EMULATED_TARGET)
 
 # seconds between progress reports while Inductor compiles
 HEARTBEAT_SECONDS = float(os.environ.get("ETMETAL_PROGRESS_SECONDS", "5"))
@@ -161,7 +158,9 @@ def _graph_code(ep: torch.export.ExportedProgram) -> str:
     return "\n".join(line for line in code.splitlines() if not line.lstrip().startswith("#"))
 
 
-def cache_key(ep: torch.export.ExportedProgram, target: str, options: dict[str, Any]) -> str:
+def cache_key(
+    ep: torch.export.ExportedProgram, target: MetalTarget | str, options: dict[str, Any]
+) -> str:
     """Content hash of everything that determines the compiled artifact."""
     h = hashlib.sha256()
     h.update(f"etmetal-aoti-{_CACHE_FORMAT}|{torch.__version__}|{target}".encode())
@@ -187,7 +186,7 @@ def _user_input_examples(ep: torch.export.ExportedProgram) -> tuple[Any, ...]:
 def compile_exported_program(
     ep: torch.export.ExportedProgram,
     *,
-    target: str = HOST_TARGET,
+    target: MetalTarget | str = HOST,
     link_libtorch: bool = False,
     extra_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike | None = None,
@@ -200,23 +199,20 @@ def compile_exported_program(
     :mod:`.mps_emulated_compile`). The ``.so`` is built with weights outside it
     (``weights.blob``) so they can be stored as named data. ``ep`` is not modified.
     """
-    if target not in AOTI_TARGETS:
-        raise ValueError(
-            f"unknown AOTI target {target!r}; expected one of {', '.join(map(repr, AOTI_TARGETS))}"
-        )
-    if target == MPS_TARGET and not torch.backends.mps.is_available():
+    target = get_target(target)
+    if not target.compiles_anywhere and not torch.backends.mps.is_available():
         raise RuntimeError(
-            "target 'mps' needs macOS with an MPS device (torch.backends.mps.is_available() "
-            "is False here); use target='mps_emulated' to generate the Metal code on this "
-            "machine, or target='host' to compile for this machine's CPU"
+            f"target {target.name!r} needs macOS with an MPS device "
+            "(torch.backends.mps.is_available() is False here); use "
+            f"target={MPS_EMULATED.name!r} to generate the Metal code on this machine, or "
+            f"target={HOST.name!r} to compile for this machine's CPU"
         )
-    if target == MPS_EMULATED_TARGET and link_libtorch:
-        raise ValueError("target 'mps_emulated' builds without libtorch (link_libtorch=False)")
+    if target is MPS_EMULATED and link_libtorch:
+        raise ValueError(f"target {target.name!r} builds without libtorch (link_libtorch=False)")
     options = aoti_options(link_libtorch=link_libtorch, extra=extra_options)
     from .custom_ops import inductor_custom_shims
-    from .targets import device_of
 
-    custom = inductor_custom_shims(ep, device_of(target))
+    custom = inductor_custom_shims(ep, target.torch_device)
     if custom:  # named C shims instead of libtorch's proxy executor
         options["aot_inductor.custom_ops_to_c_shims"] = custom
     key = cache_key(ep, target, _keyed_options(target, options))
@@ -264,7 +260,7 @@ def _artifact(key: str, entry: Path, from_cache: bool) -> AotiArtifact:
     )
 
 
-def _keyed_options(target: str, options: dict[str, Any]) -> dict[str, Any]:
+def _keyed_options(target: MetalTarget, options: dict[str, Any]) -> dict[str, Any]:
     """The options plus etmetal's own changes to the build, which Inductor never sees."""
     keyed = dict(options)
     custom = options.get("aot_inductor.custom_ops_to_c_shims")
@@ -272,7 +268,7 @@ def _keyed_options(target: str, options: dict[str, Any]) -> dict[str, Any]:
         keyed["aot_inductor.custom_ops_to_c_shims"] = {str(op): d for op, d in custom.items()}
     if not options.get("aot_inductor.link_libtorch"):
         keyed["etmetal.input_checks"] = input_checks.RECIPE
-    if target == MPS_EMULATED_TARGET:
+    if target is MPS_EMULATED:
         from .mps_emulated_compile import BUILD_RECIPE
 
         keyed["etmetal.mps_emulated_build"] = BUILD_RECIPE
@@ -280,7 +276,7 @@ def _keyed_options(target: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _compile_into(
-    ep: torch.export.ExportedProgram, target: str, options: dict, key: str, entry: Path
+    ep: torch.export.ExportedProgram, target: MetalTarget, options: dict, key: str, entry: Path
 ) -> None:
     """Compile ``ep`` and write ``model.so``, ``weights.blob`` (and ``wrapper.cpp``) into
     the directory ``entry``."""
@@ -313,19 +309,19 @@ def _compile_into(
 
 
 def _compile_target(
-    ep: torch.export.ExportedProgram, target: str, options: dict, work_dir: Path
+    ep: torch.export.ExportedProgram, target: MetalTarget, options: dict, work_dir: Path
 ) -> tuple[str, str | None, str | None, str | None]:
     """Paths of the ``.so``, the weights blob (None: no constants), the wrapper ``.cpp`` and
     the extern-node table (None: no operator goes through the proxy executor)."""
-    if target == MPS_EMULATED_TARGET:
+    if target is MPS_EMULATED:
         from .mps_emulated_compile import build_mps_emulated
 
         built = build_mps_emulated(ep, options, work_dir)
         weights = str(built.weights_path) if built.weights_path else None
         table = str(built.extern_nodes_path) if built.extern_nodes_path else None
         return str(built.so_path), weights, str(built.wrapper_cpp_path), table
-    if target == MPS_TARGET:
-        ep = torch.export.passes.move_to_device_pass(ep, "mps")
+    if target is MPS:
+        ep = torch.export.passes.move_to_device_pass(ep, target.torch_device)
     paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
     paths = paths if isinstance(paths, list) else [paths]
     so = next((p for p in paths if p.endswith(".wrapper.so")), None)

@@ -20,33 +20,38 @@ from dataclasses import dataclass
 
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-from etmetal.common.fallback_table import ETMETAL_RUNTIME
-
-from .targets import (
+from etmetal.common.targets import (
     CODESIGN_SPEC_KEY,
+    COMPILE_SPEC_KEYS,
+    ETMETAL_RUNTIME,
     HOST,
     METHOD_NAME_SPEC_KEY,
     RUNTIME_SPEC_KEY,
+    SHARE_MUTABLE_BUFFERS_KEY,
+    SHARE_WEIGHTS_KEY,
     TARGET_SPEC_KEY,
-    check_target,
+    MetalTarget,
+    get_target,
 )
 
-SHARE_WEIGHTS_KEY = "share_weights"
-SHARE_MUTABLE_BUFFERS_KEY = "share_mutable_buffers"
-KNOWN_KEYS = (
-    TARGET_SPEC_KEY,
-    RUNTIME_SPEC_KEY,
-    METHOD_NAME_SPEC_KEY,
-    CODESIGN_SPEC_KEY,
-    SHARE_WEIGHTS_KEY,
-    SHARE_MUTABLE_BUFFERS_KEY,
-)
+__all__ = [
+    "KNOWN_KEYS",
+    "SHARE_MUTABLE_BUFFERS_KEY",
+    "SHARE_WEIGHTS_KEY",
+    "MetalCompileOptions",
+    "check_compile_specs",
+    "parse_compile_specs",
+    "shares_weights",
+    "with_target",
+]
+
+KNOWN_KEYS = COMPILE_SPEC_KEYS
 _FLAGS = {"1": True, "true": True, "0": False, "false": False}
 
 
 @dataclass(frozen=True)
 class MetalCompileOptions:
-    target: str | None = None
+    target: MetalTarget | None = None  # None: no target key (lowered without the partitioner)
     runtime: str | None = None  # None: the target's default
     method_name: str | None = None
     codesign_identity: str | None = None
@@ -94,11 +99,10 @@ def parse_compile_specs(compile_specs: object) -> MetalCompileOptions:
             values[spec.key] = bytes(spec.value).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ValueError(f"compile spec {spec.key!r} is not UTF-8 text: {exc}") from None
-    target = values.get(TARGET_SPEC_KEY)
-    if target is not None:
-        check_target(target)
+    # the target name enters from bytes here: checked once, a record from then on
+    name = values.get(TARGET_SPEC_KEY)
     return MetalCompileOptions(
-        target=target,
+        target=get_target(name) if name is not None else None,
         runtime=values.get(RUNTIME_SPEC_KEY),
         method_name=values.get(METHOD_NAME_SPEC_KEY),
         codesign_identity=values.get(CODESIGN_SPEC_KEY),
@@ -116,7 +120,7 @@ def _flag(values: dict[str, str], key: str) -> bool | None:
     return flag
 
 
-def shares_weights(options: MetalCompileOptions, target: str, runtime: str) -> bool:
+def shares_weights(options: MetalCompileOptions, target: MetalTarget, runtime: str) -> bool:
     """Whether a partition stores its constants one by one (the shared-weights layout).
 
     Default (``share_weights`` not given): yes for a ``host`` program meant for etmetal's
@@ -125,31 +129,33 @@ def shares_weights(options: MetalCompileOptions, target: str, runtime: str) -> b
     device). ``share_weights`` ``0`` is the opt-out. A ValueError names what cannot be
     honoured: sharing asked for elsewhere, or ``share_mutable_buffers`` without sharing."""
     requested = options.share_weights
-    shared = target == HOST and runtime == ETMETAL_RUNTIME
+    target = get_target(target)
+    shared = target is HOST and runtime == ETMETAL_RUNTIME
     if requested and not shared:
         raise ValueError(
-            f"share_weights is implemented for target 'host' with runtime 'etmetal' only, not "
-            f"target {target!r} with runtime {runtime!r} (ExecuTorch's Metal runtime reads "
-            "one weights blob per partition); drop the compile spec or lower for 'host'"
+            f"share_weights is implemented for target {HOST.name!r} with runtime "
+            f"{ETMETAL_RUNTIME!r} only, not target {target.name!r} with runtime {runtime!r} "
+            "(ExecuTorch's Metal runtime reads one weights blob per partition); drop the "
+            f"compile spec or lower for {HOST.name!r}"
         )
     if requested is not None:
         shared = requested
     if options.share_mutable_buffers and not shared:
         raise ValueError(
             "share_mutable_buffers needs the shared-weights layout (share_weights), which "
-            f"target {target!r} with runtime {runtime!r} does not use"
+            f"target {target.name!r} with runtime {runtime!r} does not use"
             + (" (share_weights is 0)" if requested is False else "")
         )
     return shared
 
 
 def with_target(
-    compile_specs: list[CompileSpec], target: str, runtime: str | None = None
+    compile_specs: list[CompileSpec], target: MetalTarget, runtime: str | None = None
 ) -> list[CompileSpec]:
     """``compile_specs`` with the ``target`` key set to ``target`` (replacing any other) and
     the ``runtime`` key set to ``runtime`` (dropped when None: the target's default)."""
     kept = [s for s in compile_specs if s.key not in (TARGET_SPEC_KEY, RUNTIME_SPEC_KEY)]
-    specs = [*kept, CompileSpec(TARGET_SPEC_KEY, target.encode("utf-8"))]
+    specs = [*kept, CompileSpec(TARGET_SPEC_KEY, get_target(target).name.encode("utf-8"))]
     if runtime is not None:
         specs.append(CompileSpec(RUNTIME_SPEC_KEY, runtime.encode("utf-8")))
     return specs

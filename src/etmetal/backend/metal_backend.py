@@ -32,9 +32,9 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
-from etmetal.backend.passes.dim_order_to_aten import rewrite_dim_order_ops
-from etmetal.backend.passes.inline_scalar_constants import inline_scalar_constants
-from etmetal.backend.passes.replace_view_copy_with_view import ReplaceViewCopyWithView
+from etmetal.backend.passes.dim_order_to_aten_pass import DimOrderToAtenPass
+from etmetal.backend.passes.inline_scalar_constants_pass import InlineScalarConstantsPass
+from etmetal.backend.passes.replace_view_copy_with_view_pass import ReplaceViewCopyWithViewPass
 from etmetal.common.fallback_table import PROXY_EXECUTOR_SHIM, runtime_shims
 
 from .aoti_compile import AotiArtifact, compile_exported_program
@@ -42,7 +42,15 @@ from .codesign import codesign
 from .compile_specs import parse_compile_specs, shares_weights
 from .delegate_blobs import pack_delegate_blobs
 from .mps_abi import MPS_RUNTIME_ABI
-from .targets import HOST, MPS, MPS_EMULATED, resolve_runtime, resolve_target
+from .targets import (
+    AUTO,
+    MPS,
+    TARGET_NAMES,
+    MetalTarget,
+    get_target,
+    resolve_runtime,
+    resolve_target,
+)
 from .weights_split import SplitWeights, split_weights
 
 log = logging.getLogger(__name__)
@@ -92,7 +100,9 @@ def calls_proxy_executor(so_bytes: bytes) -> bool:
     return _PROXY_EXECUTOR in so_bytes
 
 
-def unsupported_externs(so_bytes: bytes, target: str, runtime: str | None = None) -> list[str]:
+def unsupported_externs(
+    so_bytes: bytes, target: MetalTarget | str, runtime: str | None = None
+) -> list[str]:
     """Fallback shims the compiled ``.so`` imports that ``runtime`` (default: the target's
     own) lacks for ``target``."""
     allowed = runtime_shims(target, resolve_runtime(runtime, target))
@@ -111,17 +121,19 @@ def _mutated_inputs(ep: ExportedProgram) -> set[str]:
     return set(sig.buffers_to_mutate.values()) | set(sig.user_inputs_to_mutate.values())
 
 
-def prepare_for_aoti(ep: ExportedProgram, target: str) -> ExportedProgram:
+def prepare_for_aoti(ep: ExportedProgram, target: MetalTarget | str) -> ExportedProgram:
     """Device move and the graph rewrites Inductor needs; returns the program to compile.
     (``mps_emulated`` moves to its fake ``mps`` device inside the compile.)"""
-    if target == MPS:
+    target = get_target(target)
+    if target is MPS:
         from torch.export.passes import move_to_device_pass
 
-        ep = move_to_device_pass(ep, "mps")
+        ep = move_to_device_pass(ep, target.torch_device)
     gm = ep.graph_module
-    inline_scalar_constants(ep)
-    rewrite_dim_order_ops(gm)
-    rewrite = ReplaceViewCopyWithView(_mutated_inputs(ep))
+    # the passes rewrite ``gm`` in place (each returns it in its PassResult)
+    InlineScalarConstantsPass(ep)(gm)
+    DimOrderToAtenPass()(gm)
+    rewrite = ReplaceViewCopyWithViewPass(_mutated_inputs(ep))
     rewrite(gm)
     log.debug("view rewrite: %d as views, %d as view+clone", rewrite.as_view, rewrite.as_copy)
     return ep
@@ -143,7 +155,7 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
     options = parse_compile_specs(compile_specs)
     # a partition lowered without the partitioner (to_backend("MetalBackend", ...)) picks
     # its target the way the partitioner's "auto" does
-    target = resolve_target(options.target or "auto")
+    target = resolve_target(options.target or AUTO)
     runtime = resolve_runtime(options.runtime, target)
     where = f"method {options.method_name!r}" if options.method_name else "partition"
     try:
@@ -198,7 +210,7 @@ def preprocess_for_metal(ep: ExportedProgram, compile_specs: list[CompileSpec]) 
 class MetalBackend(BackendDetails):
     """Ahead-of-time side of the Metal delegate (backend id ``MetalBackend``)."""
 
-    TARGETS = (HOST, MPS, MPS_EMULATED)
+    TARGETS = TARGET_NAMES
 
     @staticmethod
     def preprocess(

@@ -38,9 +38,8 @@ from etmetal.backend.compile_specs import (
 from etmetal.backend.edge_ops import aten_overload
 from etmetal.backend.metal_backend import BACKEND_ID
 from etmetal.backend.supported_ops import OpVerdict, TargetCapabilities
-from etmetal.backend.targets import AUTO, resolve_runtime, resolve_target
+from etmetal.backend.targets import AUTO, HOST, resolve_runtime, resolve_target
 from etmetal.backend.torchao_ops import register as register_torchao_ops
-from etmetal.common.fallback_table import DEFAULT_RUNTIME
 
 from .partition_report import DelegatedPartition, KeptOut, PartitionReport
 
@@ -132,17 +131,19 @@ class MetalPartitioner(Partitioner):
             target = options.target
         if runtime is None:
             runtime = options.runtime
-        self.target = resolve_target(target)
-        self.runtime = resolve_runtime(runtime, self.target)
+        # the target is checked here, once; the record goes along the lowering
+        record = self.target_record = resolve_target(target)
+        self.target = record.name
+        self.runtime = resolve_runtime(runtime, record)
         self.method_name = options.method_name
         # the constants' layout, checked now so a spec that cannot be honoured fails here
-        self.share_weights = shares_weights(options, self.target, self.runtime)
+        self.share_weights = shares_weights(options, record, self.runtime)
         # the runtime key is written only when it is not the target's default: programs for
         # upstream's runtime carry exactly the specs they did before the option existed
-        explicit = None if self.runtime == DEFAULT_RUNTIME[self.target] else self.runtime
-        self.compile_specs = with_target(specs, self.target, explicit)
+        explicit = None if self.runtime == record.default_runtime else self.runtime
+        self.compile_specs = with_target(specs, record, explicit)
         self.delegation_spec = DelegationSpec(BACKEND_ID, self.compile_specs)
-        self.capabilities = TargetCapabilities(self.target, self.runtime)
+        self.capabilities = TargetCapabilities(record, self.runtime)
         self.reports: list[PartitionReport] = []
 
     def __repr__(self) -> str:
@@ -267,7 +268,7 @@ class MetalPartitioner(Partitioner):
                 f"the whole program runs on the portable runtime. Kept out: {reasons}. To use the "
                 "Metal delegate, replace these operators with ones Inductor lowers (elementwise, "
                 "reductions, views, mm/addmm/bmm, convolution, attention, topk)"
-                + (", or lower with target='mps' on a Mac" if self.target == "host" else "")
+                + (", or lower with target='mps' on a Mac" if self.target_record is HOST else "")
                 + "."
             )
         log.warning("%s", msg)

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from etmetal.common.targets import METAL_DEVICE
+
 aten = torch.ops.aten
 
 
@@ -44,7 +46,7 @@ def sdpa_as_on_a_mac(
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     nested = any(t.is_nested for t in (query, key, value))
     # (macOS 15+ takes non-contiguous inputs too, which is what a current Mac runs)
-    if query.device.type != "mps" or dropout_p != 0.0 or grads or nested:
+    if query.device.type != METAL_DEVICE or dropout_p != 0.0 or grads or nested:
         return NotImplemented
     mask = _boolean_mask_to_additive(attn_mask, query.dtype)
     out = aten._scaled_dot_product_attention_math_for_mps.default(

@@ -10,7 +10,7 @@ C/C++ runtime libraries. etmetal's emulated Metal device serves those symbols.
 What such a ``.so`` asks of the runtime (read from torch 2.13's
 ``aoti_runtime/model_base.h`` and the generated wrapper):
 
-* Container: ``AOTInductorModelContainerCreateWithDevice(&h, 1, "mps", NULL)``; the
+* Container: ``AOTInductorModelContainerCreateWithDevice(&h, 1, <mps>, NULL)``; the
   device string is parsed to ``aoti_torch_device_type_mps()`` (c10's MPS = 13), the
   device index is -1 unless given as ``"mps:N"``.
 * Constants (built with ``USE_MMAP_EXTERNAL`` when the model has any):

@@ -11,7 +11,7 @@ exit, also when the compile fails):
    device-independent pattern graphs).
 2. ``torch._C._mps_get_core_count`` / ``_mps_get_name`` answer as a Mac would (the
    Metal codegen sizes reductions by the GPU core count).
-3. ``cpp_wrapper_gpu.get_gpu_type`` answers ``"mps"``: with no GPU it answers
+3. ``cpp_wrapper_gpu.get_gpu_type`` answers ``mps``: with no GPU it answers
    ``"cuda"`` and the wrapper would carry CUDA's kernel-loading helpers instead of the
    ``MetalShaderLibrary.h`` header a Mac's wrapper includes.
 4. The program's constants are *fake* ``mps`` tensors (a real ``mps`` tensor cannot be
@@ -45,6 +45,8 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export import ExportedProgram
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from etmetal.common.targets import CPU_DEVICE, METAL_DEVICE
 
 from .mps_decompositions import MacMpsDecompositions
 
@@ -115,10 +117,10 @@ class _FoldOnCpu(TorchDispatchMode):
             if real is None:
                 raise _Unresolved
             return real
-        if isinstance(value, torch.device) and value.type == "mps":
-            return torch.device("cpu")
-        if isinstance(value, str) and value.startswith("mps"):
-            return "cpu"
+        if isinstance(value, torch.device) and value.type == METAL_DEVICE:
+            return torch.device(CPU_DEVICE)
+        if isinstance(value, str) and value.startswith(METAL_DEVICE):
+            return CPU_DEVICE
         return value
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -129,7 +131,7 @@ class _FoldOnCpu(TorchDispatchMode):
 def _fake_mps_like(mode: FakeTensorMode, value: torch.Tensor) -> torch.Tensor:
     with mode:
         return torch.empty_strided(
-            tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="mps"
+            tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device=METAL_DEVICE
         )
 
 
@@ -148,17 +150,17 @@ def fake_mps_module(
     compile it with, and the real values of its constants. ``ep`` is left unchanged.
 
     The counterpart of ``torch.export.passes.move_to_device_pass`` for a device this
-    machine does not have: ``Tensor.to("mps")`` fails here, so parameters, buffers,
+    machine does not have: moving a tensor to ``mps`` fails here, so parameters, buffers,
     constants, graph metadata and device arguments are replaced by fake ``mps`` tensors
     of the same sizes, strides and dtype, made in the program's own fake mode (symbolic
     sizes stay symbolic).
     """
     mode = _program_fake_mode(ep)
     reals = RealConstants()
-    mps = torch.device("mps")
+    mps = torch.device(METAL_DEVICE)
 
     def fake_of(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.device.type != "mps":
+        if isinstance(value, torch.Tensor) and value.device.type != METAL_DEVICE:
             return _fake_mps_like(mode, value)
         return value
 
@@ -281,7 +283,7 @@ def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
             torch._C, "_mps_get_core_count", lambda: EMULATED_CORE_COUNT, create=True
         ),
         mock.patch.object(torch._C, "_mps_get_name", lambda: EMULATED_NAME, create=True),
-        mock.patch.object(cpp_wrapper_gpu, "get_gpu_type", lambda: "mps"),
+        mock.patch.object(cpp_wrapper_gpu, "get_gpu_type", lambda: METAL_DEVICE),
         mock.patch.object(inductor_graph, "is_same_tensor", is_same_tensor),
         mock.patch.object(GraphLowering, "get_original_value_of_constant", real_value),
         mock.patch.object(AotCodeCompiler, "compile", classmethod(serialize)),

@@ -23,16 +23,17 @@ from typing import Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from etmetal.backend.passes.replace_view_copy_with_view import VIEW_OF_COPY
+from etmetal.backend.passes.replace_view_copy_with_view_pass import VIEW_OF_COPY
 from etmetal.common.fallback_table import (
     FALLBACKS,
     PROXY_EXECUTOR_SHIM,
     fallback_shims,
     runtime_shims,
 )
+from etmetal.common.targets import METAL_DEVICE
 
 from .edge_ops import aten_overload
-from .targets import device_of, resolve_runtime
+from .targets import MetalTarget, get_target, resolve_runtime
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +176,13 @@ class TargetCapabilities:
     argument specs. ``runtime`` (``etmetal``/``upstream``, None: the target's default)
     decides whether operators without a C shim may go through the proxy executor."""
 
-    def __init__(self, target: str, runtime: str | None = None) -> None:
-        self.target = target
-        self.device = device_of(target)
-        self.runtime = resolve_runtime(runtime, target)
-        self.supported_fallbacks = SUPPORTED_FALLBACKS[target]
-        self.runtime_shims = runtime_shims(target, self.runtime)
+    def __init__(self, target: MetalTarget | str, runtime: str | None = None) -> None:
+        record = get_target(target)
+        self.target = record.name
+        self.device = record.torch_device
+        self.runtime = resolve_runtime(runtime, record)
+        self.supported_fallbacks = SUPPORTED_FALLBACKS[record.name]
+        self.runtime_shims = runtime_shims(record, self.runtime)
         self._cache: dict[Any, OpVerdict] = {}
         from torch._inductor.decomposition import select_decomp_table
 
@@ -212,7 +214,7 @@ class TargetCapabilities:
             return OpVerdict(False, f"higher-order op {target.name()} has no AOTI lowering here")
         raw = aten_overload(target)
         if isinstance(raw, torch._ops.OpOverload) and raw.namespace == "dim_order_ops":
-            from etmetal.backend.passes.dim_order_to_aten import convertible
+            from etmetal.backend.passes.dim_order_to_aten_pass import convertible
 
             if not convertible(node):
                 return OpVerdict(False, f"{raw} with a dim order no memory format expresses")
@@ -224,7 +226,7 @@ class TargetCapabilities:
             return OpVerdict(False, f"{op} is not an operator Inductor lowers")
         if op.namespace == "dim_order_ops":
             return OpVerdict(False, f"{op} has no ATen form for Inductor")
-        if self.device == "mps":
+        if self.device == METAL_DEVICE:
             for dtype in _node_dtypes(node):
                 if dtype in _NO_FLOAT64:
                     return OpVerdict(False, f"MPS has no {dtype} support")
@@ -348,7 +350,7 @@ class TargetCapabilities:
             # then becomes index arithmetic Inductor generates, not the ATen op it would
             # run through the proxy executor. Trace the same way so the prediction agrees.
             stack.enter_context(enable_python_dispatcher())
-            if self.device == "mps":  # what a macOS torch decomposes differently on mps
+            if self.device == METAL_DEVICE:  # what a macOS torch decomposes differently on mps
                 from .mps_decompositions import MacMpsDecompositions
 
                 stack.enter_context(MacMpsDecompositions())

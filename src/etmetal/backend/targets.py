@@ -1,13 +1,8 @@
-"""Compile targets of the Metal delegate: which device AOTInductor generates code for.
+"""Choosing a compile target ahead of time: ``auto`` resolved on this machine, ``mps``
+refused where it cannot compile, and the runtime a program is lowered for.
 
-``mps`` generates Metal kernels and needs macOS with an MPS device at lowering time
-(Inductor compiles against the device). ``host`` generates C++ for the CPU and works
-on any machine with a C++ compiler; its ``.so`` calls the same AOTI shim ABI, which
-etmetal's runtime provides. ``mps_emulated`` runs Inductor's real ``mps`` code
-generation on any machine and builds the Metal wrapper for this CPU; its ``.so`` calls
-the Metal shim ABI (``aoti_torch_mps_*``), which etmetal's emulated Metal device serves.
-``auto`` picks ``mps`` where it is usable, else ``host`` (never ``mps_emulated``: it is
-a test vehicle for the real Metal artifact, not the fast way to run on a CPU).
+The targets themselves are records in ``etmetal.common.targets`` (shared with the runtime);
+this module only adds what needs torch and the machine (is MPS usable here?).
 """
 
 from __future__ import annotations
@@ -17,45 +12,47 @@ import platform
 
 import torch
 
-from etmetal.common.fallback_table import DEFAULT_RUNTIME, ETMETAL_RUNTIME, RUNTIMES
+from etmetal.common.targets import (
+    AUTO,
+    CHOICES,
+    ETMETAL_RUNTIME,
+    HOST,
+    MPS,
+    MPS_EMULATED,
+    RUNTIMES,
+    TARGET_NAMES,
+    TARGETS,
+    MetalTarget,
+    get_target,
+)
+
+__all__ = [
+    "AUTO",
+    "CHOICES",
+    "HOST",
+    "MPS",
+    "MPS_EMULATED",
+    "TARGETS",
+    "TARGET_NAMES",
+    "MetalTarget",
+    "get_target",
+    "mps_available",
+    "resolve_runtime",
+    "resolve_target",
+]
 
 log = logging.getLogger(__name__)
-
-HOST = "host"
-MPS = "mps"
-MPS_EMULATED = "mps_emulated"
-AUTO = "auto"
-TARGETS = (HOST, MPS, MPS_EMULATED)
-CHOICES = (AUTO, HOST, MPS, MPS_EMULATED)
-
-# compile spec keys the partitioner writes and preprocess reads
-TARGET_SPEC_KEY = "target"
-RUNTIME_SPEC_KEY = "runtime"
-METHOD_NAME_SPEC_KEY = "method_name"
-CODESIGN_SPEC_KEY = "codesign_identity"
 
 
 def mps_available() -> bool:
     return platform.system() == "Darwin" and torch.backends.mps.is_available()
 
 
-def device_of(target: str) -> str:
-    """The torch device type AOTInductor compiles ``target`` for (also the shim prefix)."""
-    check_target(target)
-    return "mps" if target in (MPS, MPS_EMULATED) else "cpu"
-
-
-def check_target(target: object) -> str:
-    """Validate a resolved target name (``host``, ``mps`` or ``mps_emulated``)."""
-    if target not in TARGETS:
-        raise ValueError(
-            f"unknown Metal target {target!r}; expected one of {', '.join(map(repr, CHOICES))}"
-        )
-    return str(target)
-
-
-def resolve_target(target: object = AUTO) -> str:
-    """Turn a user's ``target`` into a target name, failing at once when unusable."""
+def resolve_target(target: object = AUTO) -> MetalTarget:
+    """Turn a user's ``target`` (a name, ``auto`` or a record) into its record, failing at
+    once when it is unknown or cannot compile on this machine."""
+    if isinstance(target, MetalTarget):
+        target = target.name
     if not isinstance(target, str) or target not in CHOICES:
         raise ValueError(
             f"unknown Metal target {target!r}; expected one of {', '.join(map(repr, CHOICES))} "
@@ -70,7 +67,8 @@ def resolve_target(target: object = AUTO) -> str:
             "MPS is available" if chosen == MPS else "no MPS device on this machine",
         )
         return chosen
-    if target == MPS and not mps_available():
+    record = TARGETS[target]
+    if not record.compiles_anywhere and not mps_available():
         raise RuntimeError(
             "MetalPartitioner(target='mps') needs macOS with an MPS device: AOTInductor "
             f"compiles Metal kernels against the device, and this machine is {platform.system()} "
@@ -79,24 +77,26 @@ def resolve_target(target: object = AUTO) -> str:
             "etmetal's emulated Metal device, target='host' to compile the delegate for this "
             "machine's CPU, or lower on a Mac."
         )
-    return target
+    return record
 
 
-def resolve_runtime(runtime: object, target: str) -> str:
+def resolve_runtime(runtime: object, target: MetalTarget | str) -> str:
     """The runtime a ``target`` program is lowered for: ``etmetal`` (its proxy executor runs
     operators without a C shim) or ``upstream`` (ExecuTorch's device runtime; such
-    operators stay out); None picks the target's default (``DEFAULT_RUNTIME``)."""
+    operators stay out); None picks the target's default (its record's ``default_runtime``)."""
+    target = get_target(target)
     if runtime is None:
-        return DEFAULT_RUNTIME[target]
+        return target.default_runtime
     if runtime not in RUNTIMES:
         raise ValueError(
             f"unknown Metal runtime {runtime!r}; expected one of {', '.join(map(repr, RUNTIMES))} "
             "(etmetal: etmetal's runtime, which runs operators without a C shim through its "
             "proxy executor; upstream: ExecuTorch's Metal runtime, which cannot)"
         )
-    if target == MPS and runtime == ETMETAL_RUNTIME:
+    if runtime == ETMETAL_RUNTIME and not target.etmetal_runs:
+        runnable = " and ".join(t.name for t in TARGETS.values() if t.etmetal_runs)
         raise ValueError(
-            "target='mps' programs run on ExecuTorch's Metal runtime (runtime='upstream'); "
-            "etmetal's runtime runs host and mps_emulated programs"
+            f"target={target.name!r} programs run on ExecuTorch's Metal runtime "
+            f"(runtime='upstream'); etmetal's runtime runs {runnable} programs"
         )
     return str(runtime)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from etmetal.bench import timing as bm
+from etmetal.common.targets import HOST, MPS_EMULATED
 
 HERE = Path(__file__).parent
 KERNEL_SOURCE = HERE / "metal_launch_kernel.metal"
@@ -67,6 +68,7 @@ def _driver():
 
 
 def bench_dispatch(launches: int, n: int, repeat: int) -> bm.Comparison:
+    from etmetal.shims import default_context
     from etmetal.shims.emulated_mps import compile_library
     from etmetal.shims.emulated_mps.mps_device import mps_state
 
@@ -91,7 +93,7 @@ def bench_dispatch(launches: int, n: int, repeat: int) -> bm.Comparison:
         for _ in range(launches):
             fn.dispatch(args, (n,), group)
 
-    dispatches = mps_state().stats["dispatches"]
+    dispatches = mps_state(default_context()).stats["dispatches"]
     arms = [
         bm.Arm(
             "shims", lambda: launch(source.encode(), b"add_one", n, launches, result.data_ptr())
@@ -99,7 +101,7 @@ def bench_dispatch(launches: int, n: int, repeat: int) -> bm.Comparison:
         bm.Arm("executor", executor),
     ]
     raw = bm.interleaved(arms, repeat=repeat, warmup=1)
-    if mps_state().stats["dispatches"] == dispatches:
+    if mps_state(default_context()).stats["dispatches"] == dispatches:
         raise SystemExit("bench metal: the driver's launches did not reach etmetal's shims")
     # per launch: each sample made `launches` launches
     timings = {
@@ -195,8 +197,13 @@ def _timed_dispatches(times: dict[int, list[float]], grids: dict[int, tuple]) ->
         mps_kernels._dispatch, msl.compile_library = dispatch, compile_library
 
 
+# the arms and errors of these rows are named for the targets they run
+HOST_NAME, EMULATED = HOST.name, MPS_EMULATED.name
+
+
 def bench_kernels(name: str, runs: int, tmp: Path) -> bm.Comparison:
     from etmetal.examples.demo import DEMO_MODELS_BY_NAME
+    from etmetal.shims import default_context
     from etmetal.shims.emulated_mps.mps_device import mps_state
 
     spec = DEMO_MODELS_BY_NAME[name]
@@ -204,10 +211,10 @@ def bench_kernels(name: str, runs: int, tmp: Path) -> bm.Comparison:
     times: dict[int, list[float]] = {}
     grids: dict[int, tuple] = {}
     with _timed_dispatches(times, grids) as sources:
-        method, module = _lower(name, "mps_emulated", tmp)
+        method, module = _lower(name, EMULATED, tmp)
         with torch.no_grad():
             want = module(*xs)
-        _check(name, "mps_emulated", method.execute(xs)[0], want)
+        _check(name, EMULATED, method.execute(xs)[0], want)
         for v in times.values():
             v.clear()  # the first execute creates the libraries: not a steady launch
         run_s = []
@@ -215,7 +222,7 @@ def bench_kernels(name: str, runs: int, tmp: Path) -> bm.Comparison:
             t0 = time.perf_counter()
             method.execute(xs)
             run_s.append(time.perf_counter() - t0)
-    libraries = mps_state().libraries
+    libraries = mps_state(default_context()).libraries
     rows = []
     for order, (handle, samples) in enumerate(times.items()):
         threads, group, lib_handle = grids[handle]
@@ -257,13 +264,13 @@ def bench_ratio(name: str, tmp: Path, repeat: int, budget_s: float) -> bm.Compar
 
     spec = DEMO_MODELS_BY_NAME[name]
     xs = list(spec.make_inputs(torch.Generator().manual_seed(1)))
-    host, module = _lower(name, "host", tmp)
-    emulated, _ = _lower(name, "mps_emulated", tmp)
+    host, module = _lower(name, HOST_NAME, tmp)
+    emulated, _ = _lower(name, EMULATED, tmp)
     with torch.no_grad():
         want = module(*xs)
     errs = {
-        "host": _check(name, "host", host.execute(xs)[0], want),
-        "mps_emulated": _check(name, "mps_emulated", emulated.execute(xs)[0], want),
+        HOST_NAME: _check(name, HOST_NAME, host.execute(xs)[0], want),
+        EMULATED: _check(name, EMULATED, emulated.execute(xs)[0], want),
     }
 
     def eager() -> None:
@@ -271,8 +278,8 @@ def bench_ratio(name: str, tmp: Path, repeat: int, budget_s: float) -> bm.Compar
             module(*xs)
 
     arms = [
-        bm.Arm("host", lambda: host.execute(xs)),
-        bm.Arm("mps_emulated", lambda: emulated.execute(xs)),
+        bm.Arm(HOST_NAME, lambda: host.execute(xs)),
+        bm.Arm(EMULATED, lambda: emulated.execute(xs)),
         bm.Arm("eager", eager),
     ]
     inner = bm.calibrate_inner(arms[0].fn, target_s=2e-3, cap=50)
@@ -280,9 +287,9 @@ def bench_ratio(name: str, tmp: Path, repeat: int, budget_s: float) -> bm.Compar
     host.destroy()
     emulated.destroy()
     row = bm.Comparison("metal", name, timings)
-    row.add_ratio("mps_emulated", "host")
+    row.add_ratio(EMULATED, HOST_NAME)
     # best-of ratio too: on a loaded machine preemption inflates medians unevenly
-    best = timings["mps_emulated"].min_s / timings["host"].min_s
+    best = timings[EMULATED].min_s / timings[HOST_NAME].min_s
     row.extra.update(
         description=spec.description,
         max_abs_err_vs_eager=errs,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .targets import CPU_DEVICE, METAL_DEVICE
+
 
 @dataclass(frozen=True)
 class CustomOpShim:
@@ -55,6 +57,6 @@ CUSTOM_OP_SHIMS: tuple[CustomOpShim, ...] = (
 CUSTOM_OP_NAMES: frozenset[str] = frozenset(s.op_name for s in CUSTOM_OP_SHIMS)
 
 
-def declarations(devices: tuple[str, ...] = ("cpu", "mps")) -> list[str]:
+def declarations(devices: tuple[str, ...] = (CPU_DEVICE, METAL_DEVICE)) -> list[str]:
     """Every custom shim's C declaration, for each device prefix."""
     return [s.declaration(d) for s in CUSTOM_OP_SHIMS for d in devices]

@@ -7,56 +7,35 @@ every fallback it may take is listed here for the target, and etmetal's shim reg
 implements exactly the fallbacks listed here, so the two cannot drift apart.
 
 ``host`` runs on etmetal's shims (CPU ATen); ``mps`` lists what ExecuTorch's Metal
-runtime implements (etmetal's shims serve those names too). Adding a target is one line
-in ``FALLBACKS``.
+runtime implements (etmetal's shims serve those names too). The rows come from the target
+records (``common.targets``): adding a target is one record there.
 """
 
 from __future__ import annotations
 
 from .custom_ops import CUSTOM_OP_NAMES
+from .targets import ETMETAL_RUNTIME, RUNTIMES, TARGETS, UPSTREAM_RUNTIME, MetalTarget, get_target
 
-# fallbacks every target's runtime implements: matrix products and convolution leave
-# Inductor by design, top-k on most shapes
-_EVERYWHERE = frozenset({"mm_out", "addmm_out", "bmm_out", "convolution", "topk"})
+__all__ = [
+    "DEFAULT_RUNTIME",
+    "ETMETAL_RUNTIME",
+    "FALLBACKS",
+    "PROXY_EXECUTOR_SHIM",
+    "RUNTIMES",
+    "UPSTREAM_RUNTIME",
+    "all_fallback_shims",
+    "fallback_shims",
+    "runtime_shims",
+    "shim_name",
+]
 
-# target -> (device in the shim names, fallback ops its runtime implements)
+# target -> (device in the shim names, fallback ops its runtime implements), read from the
+# target records plus the custom (non-ATen) operators every target runs as named shims:
+# torchao's int4 linear and upstream's Metal MoE / linear-attention ops
+# (declared in etmetal.common.custom_ops)
 FALLBACKS: dict[str, tuple[str, frozenset[str]]] = {
-    "host": (
-        "cpu",
-        _EVERYWHERE
-        | {
-            "baddbmm_out",
-            # Inductor routes CPU scaled-dot-product attention here (math semantics)
-            "_scaled_dot_product_flash_attention_for_cpu",
-            # pools Inductor leaves to ATen (large overlapping windows, odd output sizes)
-            "avg_pool2d",
-            "avg_pool3d",
-            "_adaptive_avg_pool2d",
-            "_adaptive_avg_pool3d",
-            "max_pool2d_with_indices",
-            # Inductor's CPU decomposition of aten.lstm runs each layer in oneDNN
-            "mkldnn_rnn_layer",
-            # scans Inductor leaves to ATen (bool/integer inputs: HF decoders' position ids)
-            "cumsum",
-            "cumprod",
-            "logcumsumexp",
-        },
-    ),
-    "mps": (
-        "mps",
-        _EVERYWHERE
-        | {
-            "_scaled_dot_product_attention_math_for_mps",
-            "_scaled_dot_product_attention_math_for_mps_v2",
-        },
-    ),
+    name: (t.shim_prefix, t.fallbacks | CUSTOM_OP_NAMES) for name, t in TARGETS.items()
 }
-# the emulated Metal device predicts (and serves) exactly what a Mac's Metal runtime has
-FALLBACKS["mps_emulated"] = FALLBACKS["mps"]
-
-# custom (non-ATen) operators every target runs as named shims: torchao's int4 linear and
-# upstream's Metal MoE / linear-attention ops (declared in etmetal.common.custom_ops)
-FALLBACKS = {t: (device, ops | CUSTOM_OP_NAMES) for t, (device, ops) in FALLBACKS.items()}
 
 
 def shim_name(device: str, op: str) -> str:
@@ -64,9 +43,9 @@ def shim_name(device: str, op: str) -> str:
     return f"aoti_torch_{device}_{op}"
 
 
-def fallback_shims(target: str) -> frozenset[str]:
+def fallback_shims(target: MetalTarget | str) -> frozenset[str]:
     """The C symbols of every fallback ``target``'s runtime implements."""
-    device, ops = FALLBACKS[target]
+    device, ops = FALLBACKS[get_target(target).name]
     return frozenset(shim_name(device, op) for op in ops)
 
 
@@ -82,20 +61,11 @@ def all_fallback_shims() -> dict[str, str]:
 # every such operator is one more fallback it provides; upstream's device runtimes have
 # none, so for them such operators stay out of the delegate.
 PROXY_EXECUTOR_SHIM = "aoti_torch_proxy_executor_call_function"
-ETMETAL_RUNTIME = "etmetal"
-UPSTREAM_RUNTIME = "upstream"
-RUNTIMES = (ETMETAL_RUNTIME, UPSTREAM_RUNTIME)
-# the runtime a target's programs are for unless the user says otherwise: a host .so runs
-# only in etmetal's runtime; mps programs are for ExecuTorch's Metal runtime, and
-# mps_emulated stands for them (its predictions are the Mac's)
-DEFAULT_RUNTIME = {
-    "host": ETMETAL_RUNTIME,
-    "mps": UPSTREAM_RUNTIME,
-    "mps_emulated": UPSTREAM_RUNTIME,
-}
+# the runtime a target's programs are for unless the user says otherwise (the records say)
+DEFAULT_RUNTIME = {name: t.default_runtime for name, t in TARGETS.items()}
 
 
-def runtime_shims(target: str, runtime: str) -> frozenset[str]:
+def runtime_shims(target: MetalTarget | str, runtime: str) -> frozenset[str]:
     """Every fallback symbol a ``.so`` for ``target`` may call when ``runtime`` runs it: the
     target's row of :data:`FALLBACKS`, plus the proxy executor on etmetal's runtime."""
     proxy = {PROXY_EXECUTOR_SHIM} if runtime == ETMETAL_RUNTIME else set()

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from etmetal.common.targets import HOST
+
 
 @dataclass(frozen=True)
 class LMConfig:
@@ -287,7 +289,7 @@ def speech_exports(model: SpeechEncoderDecoder, frames: int = 16) -> dict[str, A
 def lower_methods(
     exports: dict[str, Any],
     *,
-    target: str = "host",
+    target: str = HOST.name,
     share_weights: bool | None = None,
     share_mutable_buffers: bool = False,
 ):

@@ -17,39 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from executorch.exir import ExecutorchBackendConfig
 from executorch.exir.pass_manager import PassType
-from torch.fx.passes.infra.pass_base import PassBase, PassResult
+from torch.fx.passes.infra.pass_base import PassBase
 
-from etmetal.layout.layout_safe_view_copy import LayoutSafeViewCopyPass
-from etmetal.layout.legalize_dim_orders import LegalizeDimOrdersPass
-
-
-class ViewCopyThenSymShapeEval(PassBase):
-    """Run the layout-safe ``view_copy`` lowering, then (for the stock kernels) the
-    dim-order legalization, then the configured symbolic-shape evaluation pass (upper
-    bounds for memory planning)."""
-
-    def __init__(
-        self,
-        view_copy_pass: LayoutSafeViewCopyPass,
-        sym_shape_eval_pass: PassType,
-        legalize_pass: LegalizeDimOrdersPass | None = None,
-    ):
-        super().__init__()
-        self.view_copy_pass = view_copy_pass
-        self.legalize_pass = legalize_pass
-        self.sym_shape_eval_pass = sym_shape_eval_pass
-
-    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        result = self.view_copy_pass(graph_module)
-        modified = result.modified
-        if self.legalize_pass is not None:
-            result = self.legalize_pass(result.graph_module)
-            modified = modified or result.modified
-        second = self.sym_shape_eval_pass(result.graph_module)
-        return PassResult(second.graph_module, modified or bool(second.modified))
+from etmetal.layout.layout_safe_view_copy_pass import LayoutSafeViewCopyPass
+from etmetal.layout.legalize_dim_orders_pass import LegalizeDimOrdersPass
+from etmetal.layout.view_copy_then_sym_shape_eval_pass import ViewCopyThenSymShapeEvalPass
 
 
 class _PerMethodPasses(dict):
@@ -91,8 +65,8 @@ def backend_config(
 
     legalize_pass = LegalizeDimOrdersPass() if legalize_for_stock_kernels else None
 
-    def wrap(sym_shape_eval_pass: PassType) -> ViewCopyThenSymShapeEval:
-        return ViewCopyThenSymShapeEval(view_copy_pass, sym_shape_eval_pass, legalize_pass)
+    def wrap(sym_shape_eval_pass: PassType) -> ViewCopyThenSymShapeEvalPass:
+        return ViewCopyThenSymShapeEvalPass(view_copy_pass, sym_shape_eval_pass, legalize_pass)
 
     sym_shape_eval = kwargs.pop("sym_shape_eval_pass", None)
     if sym_shape_eval is None:

@@ -14,7 +14,7 @@ memory to the ``.so`` (no copy) and copies the results into the planned outputs.
 
 A delegate compiled for ``mps_emulated`` (compile spec ``target``) is Inductor's real
 Metal program with its wrapper built for this CPU: its container is created for device
-``"mps"``, it loads its constants into an ``aoti_torch_mps_malloc`` buffer
+``mps``, it loads its constants into an ``aoti_torch_mps_malloc`` buffer
 (``aoti_torch_mps_memcpy`` from the weights blob), the runtime's inputs are lent to it
 as ``mps`` tensors over the same memory, and its kernels run on etmetal's emulated
 Metal device (``etmetal.shims.emulated_mps``).
@@ -41,6 +41,15 @@ import torch
 
 from etmetal.common import delegate_blobs as blob_format
 from etmetal.common.delegate_blobs import key_digest
+from etmetal.common.targets import (
+    CPU_DEVICE,
+    HOST,
+    MPS_EMULATED,
+    RUNNABLE_TARGETS,
+    TARGET_SPEC_KEY,
+    TARGETS,
+    MetalTarget,
+)
 
 from .backend_interface import BackendExecutor, BackendInitContext
 from .delegates import register_delegate
@@ -53,10 +62,9 @@ from .tempfiles import remove as remove_private_dir
 BACKEND_ID = "MetalBackend"
 TRUST_ENV = "ETMETAL_TRUST_NATIVE_CODE"
 TRUSTED_BLOBS_ENV = "ETMETAL_TRUSTED_BLOBS"
-# compile-spec target values this runtime can execute, with the device the .so's container
-# is created for (an mps .so needs Metal; an mps_emulated one runs on the emulated device)
-TARGET_DEVICES = {"host": "cpu", "mps_emulated": "mps"}
-RUNNABLE_TARGETS = tuple(TARGET_DEVICES)
+# the targets this runtime can execute, with the device the .so's container is created
+# for (an mps .so needs Metal; an mps_emulated one runs on the emulated device)
+TARGET_DEVICES = {t.name: t.container_device for t in RUNNABLE_TARGETS}
 _TMP_PREFIX = "etmetal-delegate-"  # tempfiles.private_dir("delegate") names: prefix + pid
 
 
@@ -68,11 +76,23 @@ def parse_keys(processed: bytes, where: str) -> blob_format.DelegateKeys:
         raise InvalidProgramError(f"{where}: {exc}") from None
 
 
-def _target(compile_specs: Sequence[tuple[str, bytes]]) -> str | None:
+def _target(compile_specs: Sequence[tuple[str, bytes]], where: str) -> MetalTarget:
+    """The delegate's target record (no ``target`` key: ``host``, as lowered without the
+    partitioner); a DelegateError when this runtime cannot run it."""
+    name = None
     for key, value in compile_specs:
-        if key == "target":
-            return bytes(value).decode("utf-8", errors="replace")
-    return None
+        if key == TARGET_SPEC_KEY:
+            name = bytes(value).decode("utf-8", errors="replace")
+    record = HOST if name is None else TARGETS.get(name)
+    if record is None or not record.etmetal_runs:
+        runnable = ", ".join(t.name for t in RUNNABLE_TARGETS)
+        raise DelegateError(
+            f"{where}: compiled for target {name!r}; etmetal's runtime runs "
+            f"{runnable} code only (run {name!r} programs with "
+            f"ExecuTorch's Metal runtime on macOS, or export with target={HOST.name!r} or "
+            f"{MPS_EMULATED.name!r})"
+        )
+    return record
 
 
 def trusted_hashes_from_env() -> frozenset[str]:
@@ -150,14 +170,7 @@ class MetalDelegate(BackendExecutor):
         compile_specs: Sequence[tuple[str, bytes]],
     ) -> MetalDelegate:
         where = f"method {context.method_name!r}: {BACKEND_ID} delegate"
-        target = _target(compile_specs)
-        if target is not None and target not in RUNNABLE_TARGETS:
-            raise DelegateError(
-                f"{where}: compiled for target {target!r}; etmetal's runtime runs "
-                f"{', '.join(RUNNABLE_TARGETS)} code only (run {target!r} programs with "
-                "ExecuTorch's Metal runtime on macOS, or export with target='host' or "
-                "'mps_emulated')"
-            )
+        target = _target(compile_specs, where)
         keys = parse_keys(processed, where)
         so = _named_blob(context, keys.so, where)
         weights = _named_blob(context, keys.weights, where)
@@ -169,9 +182,9 @@ class MetalDelegate(BackendExecutor):
             _check_integrity(extern_nodes, keys.extern_nodes, "extern-node table", where)
         constants = None
         if keys.shared_weights:  # one named-data entry per constant, lent in place
-            if TARGET_DEVICES.get(target or "host") != "cpu":
+            if target.container_device != CPU_DEVICE:
                 raise InvalidProgramError(
-                    f"{where}: a {target!r} delegate names a weights index; the shared-weights "
+                    f"{where}: a {target.name!r} delegate names a weights index; the shared-weights "
                     "layout is written for host delegates only (their constants live in host "
                     "memory)"
                 )
@@ -198,7 +211,7 @@ class MetalDelegate(BackendExecutor):
             model = AotiModel(
                 so_path,
                 weights if len(weights) else None,
-                device=TARGET_DEVICES.get(target or "host", "cpu"),
+                device=target.container_device,
                 extern_nodes=None if extern_nodes is None else bytes(extern_nodes),
                 constants=constants,
             )

@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from etmetal.common.targets import HOST
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=300, help="timed executes per mode")
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'model':<20} {'in-process us':>14} {'isolated us':>12} {'ratio':>6} {'spawn s':>8}")
     for name in names:
         module, inputs = get_demo(name)
-        program, _ = lower(module, inputs, target="host")
+        program, _ = lower(module, inputs, target=HOST)
         inputs = list(inputs)
         runtime = Runtime.get()
         local = runtime.load_program(program.buffer, trust_native_code=True)

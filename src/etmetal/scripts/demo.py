@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from etmetal.bench.timing import Arm, interleaved
+from etmetal.common.targets import AUTO, CHOICES, MPS_EMULATED
 from etmetal.scripts.suites import add_only_option
 from etmetal.testing import view_copy_matrix
 
@@ -33,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=50, help="timed executes per model")
     parser.add_argument(
         "--target",
-        choices=("auto", "host", "mps", "mps_emulated"),
-        default="auto",
+        choices=CHOICES,
+        default=AUTO,
         help="Metal target to lower for (default: %(default)s; mps_emulated = Inductor's real "
         "Metal code run on etmetal's emulated Metal device)",
     )
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown demo model(s) {unknown}; choose from {', '.join(DEMO_MODELS_BY_NAME)}")
         return 2
-    if args.target == "mps_emulated":
+    if args.target == MPS_EMULATED.name:
         from etmetal.backend.mps_emulated_compile import host_can_compile
         from etmetal.scripts.doctor import mps_emulated_run
 

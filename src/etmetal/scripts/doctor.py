@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+from etmetal.common.targets import MPS_EMULATED
+
 
 def _version(dist: str) -> str:
     try:
@@ -42,7 +44,7 @@ def mps_emulated_run() -> tuple[bool, str]:
         from etmetal.runtime import metal_delegate
     except Exception as exc:
         return False, f"etmetal's runtime is not importable ({exc})"
-    if "mps_emulated" not in getattr(metal_delegate, "TARGET_DEVICES", {}):
+    if MPS_EMULATED.name not in getattr(metal_delegate, "TARGET_DEVICES", {}):
         return False, "this etmetal's runtime has no emulated Metal device"
     try:
         importlib.import_module("etmetal.shims.emulated_mps.mps_device")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from etmetal.backend.lowering import lower
+from etmetal.common.targets import AUTO, HOST, MPS
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 
 
@@ -54,7 +55,7 @@ def resolve_model(spec: str, input_shapes: list[str]) -> tuple[torch.nn.Module, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", help="registry name or module:callable")
     parser.add_argument("-o", "--output", help="output .pte (default: <model>.pte)")
-    parser.add_argument("--target", default="auto", choices=("auto", "host", "mps"))
+    parser.add_argument("--target", default=AUTO, choices=(AUTO, HOST.name, MPS.name))
     parser.add_argument(
         "--input-shape", action="append", default=[], help="example input shape, e.g. 1,3,8,8"
     )

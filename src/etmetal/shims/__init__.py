@@ -6,11 +6,11 @@ a count of the tensors on it; a ``Tensor`` is storage + dtype + sizes + any stri
 + storage offset; an ``AtenTensorHandle`` is an opaque integer keying the handle
 table. ``_reinterpret_tensor`` keeps views, packed or not, in the parent's storage,
 so kernels that write through views with holes (``chunk``/``split`` + ``cat``) work;
-``materialize="seed"`` reproduces upstream Metal's always-copy behaviour.
-The emulated Metal device (``metal``) adds ``mps`` storage (c10 device type 13, host
+``materialize="upstream_copy"`` reproduces upstream Metal's always-copy behaviour.
+The emulated Metal device (``emulated_mps``) adds ``mps`` storage (c10 device type 13, host
 memory like Apple's shared-storage buffers) and the ``shim_mps.h`` ABI, so an
-``mps_emulated`` ``.so`` runs with ``AotiModel(..., device="mps")``: its Metal kernels on
-the CPU (``metal.msl``), its ``aoti_torch_mps_*`` fallbacks on ATen over the same memory.
+``mps_emulated`` ``.so`` runs with ``AotiModel`` on the ``mps`` device: its Metal kernels on
+the CPU (``emulated_mps.msl``), its ``aoti_torch_mps_*`` fallbacks on ATen over the same memory.
 The bridge serves the hottest shims itself (``native_tensors``): getters from a
 per-handle record, ``empty_strided``/``delete`` of host tensors up to 1 MiB from a
 size-keyed cache; Python adopts such a tensor the first time another shim touches
@@ -39,9 +39,11 @@ leaks no handles and the model stays usable. Runs are serialized by their contex
 run lock; the ``.so``'s OpenMP kernels use torch's intra-op thread count.
 
 All shim state (handles, storages, allocators per device, the bridge, the last error,
-the policy) lives in a ``ShimContext`` (``context``); ``default_context()`` serves the
-helpers below and every ``AotiModel`` not given ``context=``. Devices plug in through
-``ctx.register_device(Device(...))`` (see ``context``).
+the policy) lives in a ``ShimContext`` (``context``). A bare ``ShimContext()`` has no
+shims; ``standard_context()`` (``standard_context``) registers etmetal's shims and the
+emulated Metal device (``emulated_mps.plugin.register``) by explicit calls, and
+``default_context()``, one such context, serves the helpers below and every ``AotiModel``
+not given ``context=``. Devices plug in through ``ctx.register_device(Device(...))``.
 
 Calling a shim exactly as a ``.so`` does (C calling convention, ctypes out-pointers)::
 
@@ -56,9 +58,10 @@ from __future__ import annotations
 from etmetal.shims.record_table import MemoryStats
 
 from .bridge import Bridge, BridgeError
-from .context import (
-    Device,
-    ShimContext,
+from .context import ShimContext
+from .device import Device
+from .model import AotiModel, AotiModelError
+from .standard_context import (
     c_api,
     clear_last_error,
     default_context,
@@ -67,8 +70,9 @@ from .context import (
     memory_stats,
     register_allocator,
     set_materialize,
+    standard_context,
+    standard_shims,
 )
-from .model import AotiModel, AotiModelError
 from .storage import Allocator, HostAllocator, ShimError, Storage, Tensor
 
 # the default context's host allocator (fill_byte, empty_cache(), cached_bytes)
@@ -101,4 +105,6 @@ __all__ = [
     "memory_stats",
     "register_allocator",
     "set_materialize",
+    "standard_context",
+    "standard_shims",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from etmetal.common.scalar_types import QUANTIZED_OR_BITS, SCALAR_TYPE_CODES
+from etmetal.common.targets import CPU_DEVICE, METAL_DEVICE
 
 # c10::ScalarType codes the AOTI ABI exposes (one ``aoti_torch_dtype_<name>`` each)
 DTYPE_CODES: dict[str, int] = {
@@ -26,14 +27,15 @@ ITEMSIZE: dict[int, int] = {k: v.itemsize for k, v in DTYPE_TO_TORCH.items()}
 
 # c10::DeviceType
 DEVICE_CODES: dict[str, int] = {
-    "cpu": 0,
+    CPU_DEVICE: 0,
     "cuda": 1,
     "xpu": 12,
-    "mps": 13,
+    METAL_DEVICE: 13,
     "meta": 14,
     "privateuse1": 20,
 }
-DEVICE_CPU = DEVICE_CODES["cpu"]
+DEVICE_CPU = DEVICE_CODES[CPU_DEVICE]
+DEVICE_MPS = DEVICE_CODES[METAL_DEVICE]  # c10::DeviceType::MPS
 
 
 def _numbered(*names: str) -> dict[str, int]:

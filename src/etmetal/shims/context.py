@@ -1,28 +1,29 @@
 """``ShimContext``: everything the shims share, as one object instead of module globals.
 
-A context owns the handle table, the live storages, one allocator per device, the
-bridge it serves (and so the bridge's native records and native tensors), the run
-lock, the last error and the policy of the run in progress. Shim implementations
-are plain functions ``fn(ctx, *c_args)``; the bridge binds each one to its context
-when it builds the ctypes callbacks, so a shim reaches its state through ``ctx`` and
-never through a module global.
+A context owns the handle table (``handles.HandleTable``, a collaborator), the live
+storages, one allocator per device, the shim table, the bridge it serves (and so the
+bridge's native records and native tensors), the run lock, the last error and the policy
+of the run in progress. Shim implementations are plain functions ``fn(ctx, *c_args)``;
+the bridge binds each one to its context when it builds the ctypes callbacks, so a shim
+reaches its state through ``ctx`` and never through a module global.
 
-``default_context()`` is the one the package-level helpers (``load_bridge``,
-``memory_stats``, ``last_error``, ``c_api``) and ``AotiModel`` use unless given
-another. A second ``ShimContext()`` is independent of it: its own handles, storages,
-allocators, errors and policy, and its own copy of the trampoline (a private file,
-so the dynamic loader gives it its own C records and native allocator). A model
-``.so`` file binds to the context that loaded it first; load a copy of the file to
-run the same model in another context.
+A bare ``ShimContext()`` implements no shim and knows only the host device: shims and
+devices arrive through explicit calls, never by importing a module.
+``standard_context()`` (``standard_context``) builds one with etmetal's shims and the
+emulated Metal device, and ``default_context()`` is the process-wide one the package-level
+helpers and ``AotiModel`` use unless given another. Each context is independent: its own
+handles, storages, allocators, errors and policy, and (unless it is the default one) its
+own copy of the trampoline (a private file, so the dynamic loader gives it its own C
+records and native allocator). A model ``.so`` file binds to the context that loaded it
+first; load a copy of the file to run the same model in another context.
 
-Extension point for devices. A device (the emulated Metal device, ``mps``) is a
-``Device``: its c10 device code, a factory for its allocator (each context gets its
-own) and the shims only it needs, keyed by C name::
+Extension point for devices. A device is a ``Device`` (``device``): its c10 device code,
+a factory for its allocator (each context gets its own), the shims only it needs, keyed
+by C name, and the check for failures the ``.so`` ignores::
 
-    MPS = Device("mps", DEVICE_CODES["mps"], MpsAllocator, shims={"aoti_torch_mps_x": impl})
-    ctx = default_context()
-    ctx.register_device(MPS)        # allocator for device code 13 + its shims
-    other = ShimContext(devices=[MPS])  # the same, for a new context
+    MPS = Device(METAL_DEVICE, DEVICE_MPS, MpsAllocator, shims={"aoti_torch_mps_x": impl})
+    ctx.register_device(MPS)              # allocator for device code 13 + its shims
+    other = ShimContext(devices=[MPS])    # the same, for a new context
 
 A device shim is called as ``impl(ctx, *c_args)`` with the context it was registered
 on, like every shim (``registry``).
@@ -42,29 +43,21 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-# tensor_shims, fallback_shims, getter_shims, proxy_executor and the emulated Metal device
-# fill the shim table (registry.SHIMS) when imported
-from etmetal.shims import (  # noqa: F401
-    fallback_shims,
-    getter_shims,
-    native_tensors,
-    proxy_executor,
-    tensor_shims,
-)
 from etmetal.shims.abi_codes import DEVICE_CPU
-from etmetal.shims.emulated_mps import mps_kernels  # noqa: F401
-from etmetal.shims.emulated_mps.mps_device import DEVICE_MPS, MpsAllocator
-from etmetal.shims.record_table import MemoryStats, Records
+from etmetal.shims.record_table import Records
 
-from .bridge import Bridge, BridgeError, CApi, build, generate_source
+from . import native_tensors
+from .bridge import Bridge, BridgeError, build, generate_source
+from .device import BridgeSource, Device
 from .handles import HandleTable
-from .registry import SHIMS
-from .storage import Allocator, HostAllocator, ShimError, Storage, Tensor
+from .storage import Allocator, HostAllocator, ShimError
 
-MATERIALIZE_MODES = ("view", "seed")
+__all__ = ["MATERIALIZE_MODES", "Device", "ExternNodeRunner", "ShimContext", "check_materialize"]
+
+MATERIALIZE_MODES = ("view", "upstream_copy")
 
 # proxy executor handles (AOTIProxyExecutorHandle) are keys of the same kind, elsewhere
 _PROXY_BASE = 0x7E71_0000_0000
@@ -76,43 +69,52 @@ def check_materialize(mode: str) -> str:
     return mode
 
 
-@dataclass(frozen=True)
-class Device:
-    """A device shims can allocate on: c10 code, allocator factory, device-only shims."""
+class ExternNodeRunner(Protocol):
+    """What a context keeps per ``AOTIProxyExecutorHandle`` (``proxy_executor.ProxyExecutor``
+    is the one etmetal has; the context only stores it and hands it back)."""
 
-    name: str
-    device_type: int
-    make_allocator: Callable[[], Allocator]
-    shims: Mapping[str, Callable] = field(default_factory=dict)
+    def call(self, ctx: ShimContext, index, num_ints, ints_ptr, num_tensors, tensors_ptr) -> None:
+        """Run extern node ``index`` with the C arguments of the proxy call."""
 
 
-# devices every context has besides the host: the emulated Metal device (host memory
-# standing for shared-storage MTLBuffers; its shims are in the shim table already)
-BUILTIN_DEVICES = (Device("mps", DEVICE_MPS, MpsAllocator),)
-
-
-class ShimContext(HandleTable):
+class ShimContext:
     """The shims' state: handles, storages, allocators, bridge, run lock, error, policy."""
 
-    def __init__(self, *, devices: Sequence[Device] = (), private_bridge: bool = True) -> None:
-        """``devices``: registered at once (``register_device``), besides the host.
+    def __init__(
+        self,
+        *,
+        shims: Mapping[str, Callable] | None = None,
+        devices: Sequence[Device] = (),
+        private_bridge: bool = True,
+    ) -> None:
+        """``shims``: C name -> ``fn(ctx, *c_args)``, registered at once (``register_shims``);
+        ``devices``: registered at once (``register_device``), besides the host.
         ``private_bridge=False`` (the default context only) loads the cached trampoline
         in place; any other context loads a private copy so its C state is its own."""
-        self.handles: dict[int, Tensor] = {}
-        self.live_storages: dict[int, Storage] = {}  # id(storage) -> storage
-        # native allocation (data address) -> the live Storage adopted views of it share
-        self.native_storages: dict[int, Storage] = {}
         # one model runs at a time per context; ctypes callbacks hold the GIL, this orders
         # whole runs (and the policy of the run in progress)
         self.run_lock = threading.RLock()
         self.host = HostAllocator()
+        # the handle table is a collaborator; its hot methods are bound here once, so a shim
+        # calls ``ctx.lookup(h)`` at the cost of a plain method call
+        self.handle_table = table = HandleTable(self.host)
+        self.handles = table.handles
+        self.live_storages = table.live_storages
+        self.native_storages = table.native_storages
+        self.lookup = table.lookup
+        self.register = table.register
+        self.unregister = table.unregister
+        self.rebind = table.rebind
+        self.emit = table.emit
+        self.is_live = table.is_live
+        self.memory_stats = table.memory_stats
         self.host.policy_listeners.append(self.sync_native_policy)
         self.allocators: dict[int, Allocator] = {DEVICE_CPU: self.host}
         self.devices: dict[str, Device] = {}
         self.device_state: dict[str, object] = {}  # per-device tables (e.g. mps buffers)
-        self.shims: dict[str, Callable] = dict(SHIMS)
+        self.shims: dict[str, Callable] = {}
         # "view": _reinterpret_tensor keeps views in the parent's storage (correct);
-        # "seed": copy non-packed views into a new buffer (upstream Metal's behaviour).
+        # "upstream_copy": copy non-packed views into a new buffer (upstream Metal's behaviour).
         # The policy of shim calls made outside any model's run (``c_api``); a model's
         # calls follow the model's own ``materialize`` (``policy``).
         self.materialize = "view"
@@ -128,16 +130,25 @@ class ShimContext(HandleTable):
         # so the exit hook can delete their containers while the shims still answer
         self._open_model_set: weakref.WeakSet = weakref.WeakSet()
         self.bridge: Bridge | None = None
-        self.records: Records | None = None
-        self.native: native_tensors.NativeTensors | None = None
         self._private_bridge = private_bridge
-        self._next_handle = itertools.count(1).__next__
         # AOTIProxyExecutorHandle -> the executor of one model's extern-node table
-        self.proxy_executors: dict[int, proxy_executor.ProxyExecutor] = {}
+        self.proxy_executors: dict[int, ExternNodeRunner] = {}
         self._next_proxy = itertools.count(1).__next__
         self._load_lock = threading.Lock()
-        for device in (*BUILTIN_DEVICES, *devices):
+        if shims:
+            self.register_shims(shims)
+        for device in devices:
             self.register_device(device)
+
+    @property
+    def records(self) -> Records | None:
+        """The bridge's native record table (None until the bridge is loaded)."""
+        return self.handle_table.records
+
+    @property
+    def native(self) -> native_tensors.NativeTensors | None:
+        """The bridge's native tensors (None until the bridge is loaded)."""
+        return self.handle_table.native
 
     # --- devices ----------------------------------------------------------------------------
 
@@ -175,6 +186,12 @@ class ShimContext(HandleTable):
 
     def register_device(self, device: Device) -> Allocator:
         """Register ``device``'s allocator (a new one for this context) and its shims."""
+        if device.bridge_source is not None and self.bridge is not None:
+            raise BridgeError(
+                f"device {device.name!r} compiles native code into the trampoline, and this "
+                "context's trampoline is loaded; register it before the first "
+                "load_bridge()/AotiModel"
+            )
         allocator = device.make_allocator()
         self.register_shims(device.shims)
         self.register_allocator(device.device_type, allocator)
@@ -187,15 +204,19 @@ class ShimContext(HandleTable):
         """Build (once per content) and load (once per context) this context's trampoline."""
         with self._load_lock:
             if self.bridge is None:
-                path = build(generate_source(self.shims))
+                path = build(generate_source(self.shims, self.bridge_sources()))
                 if self._private_bridge:
                     path = _private_copy(self, path)
                 self.bridge = Bridge(path, self)
             return self.bridge
 
+    def bridge_sources(self) -> list[BridgeSource]:
+        """The native code the registered devices compile into this context's trampoline."""
+        return [d.bridge_source for d in self.devices.values() if d.bridge_source is not None]
+
     def attach_native(self, records: Records, native: native_tensors.NativeTensors) -> None:
         """Called by the bridge once loaded: its record table and native tensors."""
-        self.records, self.native = records, native
+        self.handle_table.records, self.handle_table.native = records, native
         self.sync_native_policy()
 
     def sync_native_policy(self) -> None:
@@ -209,10 +230,10 @@ class ShimContext(HandleTable):
         # views in C follow the "view" policy; while a model that materializes is open (or
         # the context's own policy says so), every _reinterpret_tensor goes to Python, which
         # reads the policy of the run in progress
-        seeding = self.materialize != "view" or any(
+        copying = self.materialize != "view" or any(
             getattr(m, "materialize", "view") != "view" for m in self._open_model_set
         )
-        native.set_views(not seeding)
+        native.set_views(not copying)
 
     def model_opened(self, model: object | None = None) -> None:
         """``model`` (anything with ``close()``) is closed by ``close_models`` if still open."""
@@ -256,6 +277,16 @@ class ShimContext(HandleTable):
 
     # --- errors and policy ------------------------------------------------------------------
 
+    def take_unchecked_error(self) -> str:
+        """The first failure a device saw that the ``.so`` ignored since the last call ("" if
+        none); every device's record is cleared."""
+        messages = [
+            device.take_unchecked_error(self)
+            for device in self.devices.values()
+            if device.take_unchecked_error is not None
+        ]
+        return next((m for m in messages if m), "")
+
     def last_error(self) -> str:
         """The message of the most recent failed shim call ("" if none failed yet)."""
         return self.error
@@ -276,7 +307,7 @@ class ShimContext(HandleTable):
 
     # --- proxy executors --------------------------------------------------------------------
 
-    def register_proxy_executor(self, executor: proxy_executor.ProxyExecutor) -> int:
+    def register_proxy_executor(self, executor: ExternNodeRunner) -> int:
         """A new ``AOTIProxyExecutorHandle`` for ``executor`` (what a model's runs pass)."""
         handle = _PROXY_BASE + (self._next_proxy() << 4)
         self.proxy_executors[handle] = executor
@@ -285,7 +316,7 @@ class ShimContext(HandleTable):
     def unregister_proxy_executor(self, handle: int) -> None:
         self.proxy_executors.pop(handle, None)
 
-    def proxy_executor(self, handle: int | None) -> proxy_executor.ProxyExecutor:
+    def proxy_executor(self, handle: int | None) -> ExternNodeRunner:
         if not handle:
             raise ShimError(
                 "proxy_executor is NULL: the model was loaded without its extern-node table, "
@@ -305,46 +336,3 @@ def _private_copy(ctx: ShimContext, path: Path) -> Path:
     copy = folder / path.name
     shutil.copy2(path, copy)
     return copy
-
-
-# the one process-wide object of the shims: what the package-level helpers act on
-_DEFAULT = ShimContext(private_bridge=False)
-
-
-def default_context() -> ShimContext:
-    return _DEFAULT
-
-
-# the package-level helpers: the default context's
-def load_bridge(ctx: ShimContext | None = None) -> Bridge:
-    """Build (once per content) and load (once per context) the trampoline; returns the
-    bridge of ``ctx`` (the default context when None)."""
-    return (ctx or _DEFAULT).load_bridge()
-
-
-def c_api(ctx: ShimContext | None = None) -> CApi:
-    """The shims of ``ctx`` (default: the default context) under their C names."""
-    return CApi(ctx or _DEFAULT)
-
-
-def memory_stats() -> MemoryStats:
-    return _DEFAULT.memory_stats()
-
-
-def last_error() -> str:
-    """The message of the default context's most recent failed shim call."""
-    return _DEFAULT.error
-
-
-def clear_last_error() -> None:
-    _DEFAULT.error = ""
-
-
-def set_materialize(mode: str) -> str:
-    return _DEFAULT.set_materialize(mode)
-
-
-def register_allocator(allocator: Allocator) -> None:
-    """Make ``empty_strided`` on ``allocator.device_type`` allocate through ``allocator`` in
-    the default context."""
-    _DEFAULT.register_allocator(allocator.device_type, allocator)

@@ -15,20 +15,24 @@ import inspect
 import torch
 
 from etmetal.common.fallback_table import all_fallback_shims
-from etmetal.shims.abi_codes import DEVICE_CODES, DEVICE_CPU, DTYPE_TO_TORCH
+from etmetal.shims.abi_codes import DEVICE_CPU, DEVICE_MPS, DTYPE_TO_TORCH
 from etmetal.shims.custom_op_shims import CUSTOM_IMPLEMENTATIONS
 from etmetal.shims.tensor_shims import adopt_result
 
 from .registry import (
+    ShimTable,
     need_out,
     read_f64,
     read_i32s,
     read_i64s,
     read_opt_i64,
     read_ptr,
-    shim_as,
 )
 from .storage import ShimError, is_packed
+
+# this module's shims: registered on a context by whoever builds it, never on import
+SHIMS = ShimTable()
+shim_as = SHIMS.add
 
 aten = torch.ops.aten
 
@@ -178,7 +182,7 @@ def convolution(
         read_i64s(output_padding, output_padding_len, "output_padding"),
         groups,
     )
-    if device == DEVICE_CODES["mps"]:
+    if device == DEVICE_MPS:
         # the layout Inductor compiled against (the wrapper asserts it): the fake mps
         # convolution picks it with the Mps backend's rule, ATen's CPU kernels by theirs
         y = y.contiguous(memory_format=_mps_conv_memory_format(x, w))
@@ -387,5 +391,5 @@ IMPLEMENTATIONS = {
     **CUSTOM_IMPLEMENTATIONS,  # torchao's int4 linear, metal::gather_qmv, gated_delta_rule
 }
 for _symbol, _op in all_fallback_shims().items():
-    _device = DEVICE_CODES["mps"] if _symbol.startswith("aoti_torch_mps_") else DEVICE_CPU
+    _device = DEVICE_MPS if _symbol.startswith("aoti_torch_mps_") else DEVICE_CPU
     shim_as(_symbol, _for_device(IMPLEMENTATIONS[_op], _device))

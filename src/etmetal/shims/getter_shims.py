@@ -13,8 +13,13 @@ from operator import attrgetter, methodcaller
 from etmetal.shims.abi_codes import DTYPE_CODES, ITEMSIZE, LAYOUT_STRIDED
 from etmetal.shims.tensor_shims import check_dtype, new_owned
 
-from .registry import put_bool, put_i32, put_i64, put_ptr, shim, shim_as
+from .registry import ShimTable, put_bool, put_i32, put_i64, put_ptr
 from .storage import ShimError, Tensor, contiguous_strides
+
+# this module's shims: registered on a context by whoever builds it, never on import
+SHIMS = ShimTable()
+shim = SHIMS.shim
+shim_as = SHIMS.add
 
 # --- getters ------------------------------------------------------------------------------
 

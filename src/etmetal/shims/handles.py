@@ -4,19 +4,20 @@ sees, the tensors they name and the storages those tensors count on.
 Deleting a handle drops its storage's count; a storage with no tensors left is freed
 (borrowed storage never is). A handle names a Python ``Tensor`` or a native tensor the
 bridge made in C (``native_tensors``), adopted by Python the first time a shim needs it.
-``HandleTable`` is the part of ``ShimContext`` that keeps this table; the context's
-constructor makes its state (``handles``, ``live_storages``, ``records``, ``native``,
-``host``, ``_next_handle``).
+``HandleTable`` is a collaborator of ``ShimContext``: the context makes one and calls
+it; the bridge's record table and native tensors are attached when the bridge loads.
 """
 
 from __future__ import annotations
 
+import itertools
+
 from etmetal.shims.abi_codes import ITEMSIZE
-from etmetal.shims.record_table import MemoryStats
+from etmetal.shims.record_table import MemoryStats, Records
 
 from . import native_tensors
 from .registry import out_slot
-from .storage import ShimError, Storage, Tensor
+from .storage import HostAllocator, ShimError, Storage, Tensor
 
 # handles Python makes when no record is free look like aligned pointers; never 0 (NULL)
 _HANDLE_BASE = 0x7E70_0000_0000
@@ -24,6 +25,18 @@ _HANDLE_BASE = 0x7E70_0000_0000
 
 class HandleTable:
     """Handles -> tensors, live storages, and the memory they account for."""
+
+    def __init__(self, host: HostAllocator) -> None:
+        """``host``: the context's host allocator (its cache counts in ``memory_stats``)."""
+        self.host = host
+        self.handles: dict[int, Tensor] = {}
+        self.live_storages: dict[int, Storage] = {}  # id(storage) -> storage
+        # native allocation (data address) -> the live Storage adopted views of it share
+        self.native_storages: dict[int, Storage] = {}
+        # the bridge's record table and native tensors, once it is loaded
+        self.records: Records | None = None
+        self.native: native_tensors.NativeTensors | None = None
+        self._next_handle = itertools.count(1).__next__
 
     def memory_stats(self) -> MemoryStats:
         """Python's tensors and storages plus the native ones: native records, the native

@@ -5,26 +5,33 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from etmetal.shims.abi_codes import DEVICE_CODES
-from etmetal.shims.emulated_mps.mps_device import take_unchecked_error
+from etmetal.common.targets import CPU_DEVICE, HOST, METAL_DEVICE
+from etmetal.shims.abi_codes import DEVICE_CPU, DEVICE_MPS
 from etmetal.shims.model_link import NativeBuildError, link_wrapper, undefined_symbols
 
 from . import user_constants
 from .bridge import Bridge, BridgeError
-from .context import ShimContext, check_materialize, default_context
-from .model_run import AotiModelError, ModelRuns
+from .context import ShimContext, check_materialize
+from .model_run import (
+    AotiModelError,
+    ModelRunner,
+    check_step,
+    nested_run_error,
+    raise_unchecked,
+)
 from .proxy_executor import ExternNodeError, ProxyExecutor
+from .standard_context import default_context
 from .steady_run import SteadyRun
-from .storage import HostAllocator, ShimError, Tensor
+from .storage import HostAllocator, ShimError
 
 # devices a model container can be created for (the device string AOTI parses)
-DEVICES = {"cpu": DEVICE_CODES["cpu"], "mps": DEVICE_CODES["mps"]}
+DEVICES = {CPU_DEVICE: DEVICE_CPU, METAL_DEVICE: DEVICE_MPS}
 PROXY_SHIM = "aoti_torch_proxy_executor_call_function"
 
 
@@ -81,16 +88,17 @@ def _aligned_blob(
     return buf.data_ptr(), buf
 
 
-class AotiModel(ModelRuns):
+class AotiModel:
     """One AOTI model container over a ``.so`` whose ``aoti_torch_*`` calls go to etmetal.
 
     ``weights_blob`` is the constants blob AOTI wrote next to the ``.so``; constants
     become tensors borrowing it, so it is kept alive until ``close()``. ``materialize``
     picks the ``_reinterpret_tensor`` behaviour for this model's calls ("view", the
-    default, or "seed", upstream's always-copy behaviour, for comparison only).
-    ``device`` is the device the ``.so`` was compiled for: ``"cpu"`` (the ``host`` target)
-    or ``"mps"`` (the ``mps_emulated`` target: inputs are lent as ``mps`` tensors and the
-    ``.so`` runs its Metal kernels on the emulated device).
+    default, or "upstream_copy", upstream's always-copy behaviour, for comparison only).
+    ``device`` is the container device of the target the ``.so`` was compiled for (its
+    record's ``container_device``): ``cpu`` for ``host``, or ``mps`` for ``mps_emulated``
+    (inputs are lent as ``mps`` tensors and the ``.so`` runs its Metal kernels on the
+    emulated device).
     The ``.so``'s own check of every input's dtype, sizes, strides and device is
     compiled in by etmetal's compile (``etmetal.backend.input_checks``): a mismatched
     input is an error, not an out-of-bounds read. Nothing here sets
@@ -114,7 +122,7 @@ class AotiModel(ModelRuns):
         *,
         materialize: str = "view",
         context: ShimContext | None = None,
-        device: str = "cpu",
+        device: str = HOST.container_device,
         extern_nodes: str | bytes | bytearray | memoryview | None = None,
         constants: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
@@ -126,6 +134,7 @@ class AotiModel(ModelRuns):
         self.materialize = check_materialize(materialize)
         self.context = ctx = context or default_context()
         self._container = None
+        self._runner: ModelRunner | None = None  # made with the container (``model_run``)
         self._lib = None
         self._proxy: int | None = None
         self.constants = dict(constants) if constants is not None else None
@@ -179,13 +188,13 @@ class AotiModel(ModelRuns):
         self._counted = True
         with ctx.run_lock:
             if ctx.running is not None:
-                raise self._nested_run(ctx.running)
+                raise nested_run_error(self.so_path.name, ctx.running)
             ctx.running = self  # creation and constant loading follow this model's policy
             try:
-                take_unchecked_error(ctx)
+                ctx.take_unchecked_error()
                 self._create()
                 try:
-                    self._raise_unchecked("loading the model")
+                    raise_unchecked(ctx, self.so_path.name, "loading the model")
                 except BaseException:
                     self.close()
                     raise
@@ -217,21 +226,9 @@ class AotiModel(ModelRuns):
                 raise AotiModelError(f"{self.so_path.name} has no {name}: not an AOTI model")
             fn.argtypes, fn.restype = argtypes, ctypes.c_int32
         self._run_fn = lib.AOTInductorModelContainerRun
-        self._steady: SteadyRun | None = None
-        # the steady run, once the first run is done (it learns the outputs' geometry)
-        self._ready: SteadyRun | None = None
 
     def _check(self, rc: int, step: str) -> None:
-        if rc == 0:
-            return
-        msg = ctypes.c_char_p()
-        self._lib.AOTInductorGetLastError(ctypes.byref(msg))
-        model_msg = (msg.value or b"").decode(errors="replace").strip()
-        shim_msg = self.context.error
-        raise AotiModelError(
-            f"{self.so_path.name}: {step} failed: {model_msg or 'error code ' + str(rc)}"
-            + (f" (last shim error: {shim_msg})" if shim_msg else "")
-        )
+        check_step(self._lib, self.context, self.so_path.name, rc, step)
 
     def _size(self, fn_name: str) -> int:
         out = ctypes.c_uint64()
@@ -252,11 +249,8 @@ class AotiModel(ModelRuns):
         try:
             self.num_inputs = self._size("AOTInductorModelContainerGetNumInputs")
             self.num_outputs = self._size("AOTInductorModelContainerGetNumOutputs")
-            self._in_arr = (ctypes.c_void_p * max(self.num_inputs, 1))()
-            self._out_arr = (ctypes.c_void_p * max(self.num_outputs, 1))()
-            self._input_cache: dict[tuple, Tensor] = {}
             # the one-call steady run lends host inputs only; other devices run the general way
-            self._steady = (
+            steady = (
                 SteadyRun(
                     self.context,
                     ctypes.cast(self._run_fn, ctypes.c_void_p).value,
@@ -265,8 +259,20 @@ class AotiModel(ModelRuns):
                     self.num_outputs,
                 )
                 # (and passes no proxy executor: models with one run the general way)
-                if self.device == "cpu" and self._proxy is None
+                if self.device == CPU_DEVICE and self._proxy is None
                 else None
+            )
+            self._runner = ModelRunner(
+                self,
+                container=handle,
+                run_fn=self._run_fn,
+                lib=self._lib,
+                counter=self._bridge.counter,
+                proxy=self._proxy,
+                device_type=self._device_type,
+                num_inputs=self.num_inputs,
+                num_outputs=self.num_outputs,
+                steady=steady,
             )
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
             if self.constants is not None:
@@ -326,7 +332,7 @@ class AotiModel(ModelRuns):
 
     def close(self) -> None:
         """Delete the container (its constants go with it) and forget the weights."""
-        self._ready = None
+        self._runner = None
         if self._container is not None:
             with self.context.run_lock:
                 rc = self._lib.AOTInductorModelContainerDelete(self._container)
@@ -344,6 +350,24 @@ class AotiModel(ModelRuns):
         if getattr(self, "_counted", False):
             self._counted = False
             self.context.model_closed(self)
+
+    def _active_runner(self) -> ModelRunner:
+        runner = self._runner
+        if runner is None:
+            raise AotiModelError(f"{self.so_path.name}: model is closed")
+        return runner
+
+    def run(
+        self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """Run once (``ModelRunner.run``): inputs borrowed, new outputs or ``outputs`` filled."""
+        return self._active_runner().run(inputs, outputs)
+
+    def run_into(
+        self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor | None]:
+        """Run once, writing results into ``outputs`` where they fit (``ModelRunner.run_into``)."""
+        return self._active_runner().run_into(inputs, outputs)
 
     def __enter__(self) -> AotiModel:
         return self

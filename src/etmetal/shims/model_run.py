@@ -1,19 +1,24 @@
 """Running a loaded AOTI model: inputs lent as shim tensors, outputs taken back as torch
 tensors, the general path and the steady one (``steady_run``) after the first run.
 
-``ModelRuns`` is the running half of ``model.AotiModel``; it uses the container, the bridge,
-the context and the steady run that ``AotiModel`` sets up when it loads the ``.so``.
+``ModelRunner`` is a collaborator of ``model.AotiModel``: the model loads the ``.so`` and
+creates the container, then hands the runner what a run needs (the container, its run
+function, the bridge's call counter, the proxy executor handle, the model's error check)
+and delegates ``run``/``run_into`` to it. The runner owns the run state: the input cache,
+the steady run and the argument arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ctypes
+import weakref
+from collections.abc import Callable, Sequence
 
 import torch
 
-from etmetal.shims.emulated_mps.mps_device import take_unchecked_error
-
 from .bridge import BridgeError
+from .context import ShimContext
+from .steady_run import SteadyResult, SteadyRun
 from .storage import ShimError, Storage, Tensor, tensor_from_torch
 
 
@@ -21,8 +26,74 @@ class AotiModelError(RuntimeError):
     """Loading or running a compiled model failed; the message names the step and the cause."""
 
 
-class ModelRuns:
-    """``run`` / ``run_into`` of ``AotiModel`` and the steps they take."""
+def nested_run_error(name: str, running: object) -> AotiModelError:
+    """Runs of one context do not nest: a run started from inside another (a shim callback
+    running a model of the same context) would reuse the state of the one in progress."""
+    return AotiModelError(
+        f"{name}: run started inside the run of "
+        f"{getattr(running, 'so_path', running)} in the same ShimContext"
+    )
+
+
+def check_step(lib: ctypes.CDLL, ctx: ShimContext, name: str, rc: int, step: str) -> None:
+    """Raise the model's error for ``step`` when ``rc`` says it failed: the container's own
+    message (``AOTInductorGetLastError`` of ``lib``) and the context's last shim error."""
+    if rc == 0:
+        return
+    msg = ctypes.c_char_p()
+    lib.AOTInductorGetLastError(ctypes.byref(msg))
+    model_msg = (msg.value or b"").decode(errors="replace").strip()
+    shim_msg = ctx.error
+    raise AotiModelError(
+        f"{name}: {step} failed: {model_msg or 'error code ' + str(rc)}"
+        + (f" (last shim error: {shim_msg})" if shim_msg else "")
+    )
+
+
+def raise_unchecked(ctx: ShimContext, name: str, step: str) -> None:
+    """Fail ``step`` if a shim whose return code the ``.so`` ignores failed during it (the
+    Metal wrapper never checks its ``aoti_torch_mps_*`` kernel calls)."""
+    message = ctx.take_unchecked_error()
+    if message:
+        raise AotiModelError(
+            f"{name}: {step} failed: a shim call the .so does not check failed: {message}"
+        )
+
+
+class ModelRunner:
+    """``run`` / ``run_into`` of one ``AotiModel`` container and the steps they take."""
+
+    def __init__(
+        self,
+        model: object,
+        *,
+        container: ctypes.c_void_p,
+        run_fn: Callable,
+        lib: ctypes.CDLL,
+        counter: ctypes.c_uint64,
+        proxy: int | None,
+        device_type: int,
+        num_inputs: int,
+        num_outputs: int,
+        steady: SteadyRun | None,
+    ) -> None:
+        """``model``: the owner, recorded as the context's ``running`` model during a run
+        (the shims read its policy); ``lib``: the loaded model (its last error);
+        ``counter``: the bridge's count of calls that reached etmetal."""
+        # weakly: the model owns the runner, and a dropped model must still close at once
+        # (no reference cycle for the collector to find later)
+        self._owner = weakref.ref(model)
+        self.context: ShimContext = model.context
+        self.name = model.so_path.name
+        self._container, self._run_fn, self._counter = container, run_fn, counter
+        self._lib, self._proxy, self._device_type = lib, proxy, device_type
+        self.num_inputs, self.num_outputs = num_inputs, num_outputs
+        self._in_arr = (ctypes.c_void_p * max(num_inputs, 1))()
+        self._out_arr = (ctypes.c_void_p * max(num_outputs, 1))()
+        self._input_cache: dict[tuple, Tensor] = {}
+        self._steady = steady
+        # the steady run, once the first run is done (it learns the outputs' geometry)
+        self._ready: SteadyRun | None = None
 
     def _describe_input(self, i: int, t: torch.Tensor) -> Tensor:
         """The shim tensor borrowing input ``t``, reused while ``t``'s memory and geometry are.
@@ -52,7 +123,7 @@ class ModelRuns:
     def _input_handles(self, inputs: Sequence[torch.Tensor]) -> list[int]:
         if len(inputs) != self.num_inputs:
             raise AotiModelError(
-                f"{self.so_path.name}: expected {self.num_inputs} inputs, got {len(inputs)}"
+                f"{self.name}: expected {self.num_inputs} inputs, got {len(inputs)}"
             )
         handles, ctx = [], self.context
         try:
@@ -119,62 +190,41 @@ class ModelRuns:
         new tensors for the caller to place (dynamic shapes, layouts that changed)."""
         if outputs is not None and len(outputs) != self.num_outputs:
             raise AotiModelError(
-                f"{self.so_path.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
+                f"{self.name}: expected {self.num_outputs} outputs, got {len(outputs)}"
             )
         ctx = self.context
         with ctx.run_lock:
             if ctx.running is not None:
-                raise self._nested_run(ctx.running)
-            ctx.running = self  # the run's record: shims read this model's policy from it
+                raise nested_run_error(self.name, ctx.running)
+            ctx.running = self._owner()  # the run's record: shims read the model's policy
             try:
                 ready = self._ready
                 if ready is not None:
                     ran = ready.run(inputs, outputs)
-                    if ran is not None and ran[0] == 0 and not ran[2]:
-                        return ran[1]  # the usual case: everything went through etm_run
+                    if ran is not None and ran.rc == 0 and not ran.pending:
+                        return ran.results  # the usual case: everything went through etm_run
                     return self._run_locked(inputs, outputs, ran)
-                if self._container is None:
-                    raise AotiModelError(f"{self.so_path.name}: model is closed")
-                take_unchecked_error(ctx)
+                ctx.take_unchecked_error()
                 results = self._run_locked(inputs, outputs, None)
-                self._raise_unchecked("run")
+                raise_unchecked(ctx, self.name, "run")
                 return results
             finally:
                 ctx.running = None
 
-    def _nested_run(self, running: object) -> AotiModelError:
-        """Runs of one context do not nest: a run started from inside another (a shim
-        callback running a model of the same context) would reuse the state of the one in
-        progress."""
-        return AotiModelError(
-            f"{self.so_path.name}: run started inside the run of "
-            f"{getattr(running, 'so_path', running)} in the same ShimContext"
-        )
-
-    def _raise_unchecked(self, step: str) -> None:
-        """Fail ``step`` if a shim whose return code the ``.so`` ignores failed during it
-        (the Metal wrapper never checks its ``aoti_torch_mps_*`` kernel calls)."""
-        message = take_unchecked_error(self.context)
-        if message:
-            raise AotiModelError(
-                f"{self.so_path.name}: {step} failed: a shim call the .so does not check "
-                f"failed: {message}"
-            )
-
-    def _run_locked(self, inputs, outputs, ran) -> list[torch.Tensor | None]:
+    def _run_locked(self, inputs, outputs, ran: SteadyResult | None) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""
         if ran is None and self._ready is not None:
             ran = self._ready.run(inputs, outputs)
         if ran is None:
             return self._run_general(inputs)
-        rc, results, pending = ran
-        if rc != 0:
+        results = ran.results
+        if ran.rc != 0:
             ctx = self.context
             for h in results:
                 if type(h) is int and ctx.is_live(h):
                     ctx.unregister(h)
-            self._check(rc, "run")
-        if pending:
+            check_step(self._lib, self.context, self.name, ran.rc, "run")
+        if ran.pending:
             for i, h in enumerate(results):
                 if type(h) is int:
                     results[i] = self._take_output(h, i)
@@ -189,7 +239,7 @@ class ModelRuns:
             in_arr[i] = h
         for i in range(self.num_outputs):
             out_arr[i] = None
-        calls = self._bridge.counter
+        calls = self._counter
         before = calls.value
         rc = self._run_fn(
             self._container, in_arr, len(handles), out_arr, self.num_outputs, None, self._proxy
@@ -204,15 +254,15 @@ class ModelRuns:
             for h in produced:
                 if ctx.is_live(h):
                     ctx.unregister(h)
-            self._check(rc, "run")
+            check_step(self._lib, self.context, self.name, rc, "run")
         if calls.value == before:
             raise BridgeError(
-                f"{self.so_path.name}: a run made no shim call that reached etmetal; the .so is "
+                f"{self.name}: a run made no shim call that reached etmetal; the .so is "
                 "bound to another aoti_torch implementation (or to another ShimContext's bridge)"
             )
         results = []
         for i, h in enumerate(produced):
             if not ctx.is_live(h):
-                raise AotiModelError(f"{self.so_path.name}: output {i} is not a live shim tensor")
+                raise AotiModelError(f"{self.name}: output {i} is not a live shim tensor")
             results.append(self._take_output(h, i))
         return results

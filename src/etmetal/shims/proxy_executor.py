@@ -34,11 +34,15 @@ from etmetal.common.delegate_blobs import EXTERN_NODE_DTYPES_KEY
 from etmetal.shims.abi_codes import DTYPE_TO_TORCH
 from etmetal.shims.tensor_shims import adopt_result
 
-from .registry import read_i64s, shim
+from .registry import ShimTable, read_i64s
 from .storage import ShimError
 
 if TYPE_CHECKING:
     from .context import ShimContext
+
+# this module's shims: registered on a context by whoever builds it, never on import
+SHIMS = ShimTable()
+shim = SHIMS.shim
 
 # node metadata key etmetal's compile writes: tensor name -> dtype name (``float32``)
 DTYPES_METADATA_KEY = EXTERN_NODE_DTYPES_KEY

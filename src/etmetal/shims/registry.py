@@ -1,9 +1,11 @@
-"""The table of Python shim implementations and the C-pointer helpers they share.
+"""Shim tables (C name -> Python implementation) and the C-pointer helpers shims share.
 
 Each implementation is a plain function named exactly like its C symbol, taking its
 ``ShimContext`` and then the C arguments as Python ints/floats (pointers arrive as
-ints, NULL as ``None``): ``fn(ctx, *c_args)``. ``SHIMS`` is filled once, when the
-shim modules are imported; each context copies it and may add device shims.
+ints, NULL as ``None``): ``fn(ctx, *c_args)``. Every shim module keeps its own
+``ShimTable`` (``SHIMS = ShimTable(); shim = SHIMS.shim``); nothing is registered
+anywhere by importing it. A context gets shims only through an explicit
+``ctx.register_shims(table)`` (``standard_context`` does it for the standard set).
 Out-parameters are written with the ``put_*`` helpers. Raising ``ShimError`` (or
 anything else) makes the bridge return AOTI_TORCH_FAILURE and record the message.
 """
@@ -15,9 +17,6 @@ import struct
 from collections.abc import Callable
 
 from .storage import ShimError
-
-# C name -> implementation; written only by the @shim decorators at import
-SHIMS: dict[str, Callable] = {}
 
 MAX_NDIM = 64
 
@@ -32,15 +31,17 @@ _string_at = ctypes.string_at
 _I64_ARRAYS = tuple(_i64 * n for n in range(MAX_NDIM + 1))  # int64_t[n] types, made once
 
 
-def shim(fn: Callable) -> Callable:
-    """Register ``fn`` as the implementation of the C symbol of the same name."""
-    SHIMS[fn.__name__] = fn
-    return fn
+class ShimTable(dict[str, Callable]):
+    """One module's shims: C name -> ``fn(ctx, *c_args)``."""
 
+    def shim(self, fn: Callable) -> Callable:
+        """Decorator: ``fn`` implements the C symbol of the same name."""
+        self[fn.__name__] = fn
+        return fn
 
-def shim_as(name: str, fn: Callable) -> None:
-    """Register ``fn`` under another C name (one implementation, several device prefixes)."""
-    SHIMS[name] = fn
+    def add(self, name: str, fn: Callable) -> None:
+        """``fn`` implements ``name`` (one implementation, several device prefixes)."""
+        self[name] = fn
 
 
 def check_ndim(ndim: int) -> int:

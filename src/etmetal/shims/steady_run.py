@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -34,6 +35,16 @@ Geometry = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]
 def geometry_of(t: torch.Tensor) -> Geometry:
     sizes, strides = tuple(t.shape), tuple(t.stride())
     return sizes, strides, t.dtype, packed_extent(sizes, strides) * t.element_size()
+
+
+class SteadyResult(NamedTuple):
+    """What one steady run did (the container ran: ``rc`` is its return code)."""
+
+    rc: int
+    # per output: the new tensor, None when it went straight into the caller's tensor, or
+    # (when ``pending``) the live handle, an int, that the general path must take
+    results: list[torch.Tensor | int | None]
+    pending: bool  # some output came back as a handle Python must adopt
 
 
 class SteadyRun:
@@ -108,10 +119,8 @@ class SteadyRun:
 
     def run(
         self, inputs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor] | None
-    ) -> tuple[int, list, bool] | None:
-        """Run once. Returns (rc, results, pending): per output the new tensor, None when
-        it went straight into ``dsts[i]``, or (``pending``) the live handle, an int, the
-        general path must take; or None when this run cannot go this way (nothing ran)."""
+    ) -> SteadyResult | None:
+        """Run once; None when this run cannot go this way (nothing ran)."""
         if len(inputs) != self.n_in:
             return None
         keys = self._keys
@@ -146,8 +155,8 @@ class SteadyRun:
                 if h in handles and h not in outputs:
                     self.ctx.unregister(h)
         if not call.pending:
-            return rc, results, False
+            return SteadyResult(rc, results, pending=False)
         for i, h in enumerate(self._out_handles[: self.n_out]):
             if h:
                 results[i] = h
-        return rc, results, True
+        return SteadyResult(rc, results, pending=True)

@@ -19,7 +19,7 @@ from etmetal.shims.abi_codes import (
     LAYOUT_STRIDED,
 )
 
-from .registry import check_ndim, read_i64s, shim
+from .registry import ShimTable, check_ndim, read_i64s
 from .storage import (
     ShimError,
     Storage,
@@ -31,6 +31,10 @@ from .storage import (
 
 if TYPE_CHECKING:
     from .context import ShimContext
+
+# this module's shims: registered on a context by whoever builds it, never on import
+SHIMS = ShimTable()
+shim = SHIMS.shim
 
 DTYPE_FLOAT32 = DTYPE_CODES["float32"]
 
@@ -177,7 +181,7 @@ def aoti_torch_new_tensor_handle(ctx, orig_handle, new_handle):
     ctx.emit(new_handle, Tensor(t.storage, t.dtype, t.sizes, t.strides, t.offset))
 
 
-def _seed_materialize(ctx, base: Tensor, sizes, strides, offset) -> Tensor:
+def _upstream_copy_materialize(ctx, base: Tensor, sizes, strides, offset) -> Tensor:
     """Upstream Metal's behaviour for a view with holes: gather it into a new packed buffer.
 
     The kernel still indexes with the compiled strides, so upstream reads and writes
@@ -211,8 +215,10 @@ def aoti_torch__reinterpret_tensor(ctx, self, ndim, sizes_ptr, strides_ptr, offs
     _check_fits(base.storage, base.dtype, sizes, strides, offset)
     running = ctx.running  # the model being run carries its policy; else the context's
     mode = ctx.materialize if running is None else running.materialize
-    if mode == "seed" and not is_packed(sizes, strides):
-        ctx.emit(ret, _seed_materialize(ctx, base, sizes, strides, offset), "ret_new_tensor")
+    if mode == "upstream_copy" and not is_packed(sizes, strides):
+        ctx.emit(
+            ret, _upstream_copy_materialize(ctx, base, sizes, strides, offset), "ret_new_tensor"
+        )
         return
     ctx.emit(ret, Tensor(base.storage, base.dtype, sizes, strides, offset), "ret_new_tensor")
 

@@ -4,7 +4,7 @@ The ``etmetal`` flow lowers exactly like the stock ``portable`` flow (no delegat
 only swaps the run stage: the serialized ``.pte`` runs in ``etmetal.runtime`` instead of
 the stock C++ runtime, so the two flows differ in nothing but the runtime.
 
-The ``metal_host`` flow is delegated: ``MetalPartitioner(target="host")`` lowers each case
+The ``metal_host`` flow is delegated: ``MetalPartitioner`` for the ``host`` target lowers each case
 to AOTI ``.so`` delegates (with ``etmetal.backend_config()``), and etmetal's runtime runs
 the ``.pte`` through the Metal delegate (native code trusted: the suite compiled it here).
 The script reports how many of its passes really ran a delegated program and the most
@@ -35,6 +35,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from etmetal.common.targets import HOST
 
 SEED_ENV = "ETMETAL_SUITE_SEED"
 DELEGATED_LOG_ENV = "ETMETAL_SUITE_DELEGATED_LOG"
@@ -68,7 +70,7 @@ def _make_flow():
 
 
 def _make_metal_host_flow():
-    """``metal_host``: delegated to ``MetalPartitioner(target="host")``, run by etmetal."""
+    """``metal_host``: delegated to ``MetalPartitioner`` for ``host``, run by etmetal."""
     from executorch.backends.test.harness import Tester
     from executorch.backends.test.harness.stages import (
         Serialize,
@@ -86,7 +88,7 @@ def _make_metal_host_flow():
 
             # the stock stage keeps ``partitioners`` only when a default class is given too
             super().__init__(
-                default_partitioner_cls=lambda: MetalPartitioner(target="host"),
+                default_partitioner_cls=lambda: MetalPartitioner(target=HOST.name),
                 partitioners=partitioners,
                 edge_compile_config=edge_compile_config,
             )

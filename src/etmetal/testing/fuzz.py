@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from etmetal.common.targets import HOST
+
 CASE_TIMEOUT_S = 30.0
 STARTUP_TIMEOUT_S = 180.0
 
@@ -53,7 +55,7 @@ def build_seeds(out_dir: Path) -> Path:
     models["tiny_one_blob"] = models["tiny"]
     for name, (module, inputs) in models.items():
         specs = [CompileSpec("share_weights", b"0")] if name.endswith("one_blob") else None
-        program, _ = lower(module, inputs, target="host", compile_specs=specs)
+        program, _ = lower(module, inputs, target=HOST, compile_specs=specs)
         (out_dir / f"{name}.pte").write_bytes(program.buffer)
         torch.save(list(inputs), out_dir / f"{name}.inputs.pt")
         with torch.no_grad():

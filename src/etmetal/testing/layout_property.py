@@ -141,7 +141,7 @@ def _as_list(out: Any) -> list[torch.Tensor]:
 
 
 def _is_named_refusal(exc: BaseException) -> bool:
-    from etmetal.layout.layout_safe_view_copy import LayoutSafeViewCopyError
+    from etmetal.layout.layout_safe_view_copy_pass import LayoutSafeViewCopyError
 
     return isinstance(exc, LayoutSafeViewCopyError)
 

@@ -9,7 +9,7 @@ import blocks
 import pytest
 import torch
 
-from etmetal.shims import memory_stats
+from etmetal.shims import default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 
 BLOCKS = {"llama": blocks.llama_block, "vit": blocks.vit_block}
@@ -27,4 +27,4 @@ def test_block_runs_on_the_emulated_target(name, lowered_mps):
         (expected,) = low.expected(inputs)
         (got,) = low.run(inputs)
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    assert memory_stats().storages == 0 and mps_device.live_mps_storages() == 0
+    assert memory_stats().storages == 0 and mps_device.live_mps_storages(default_context()) == 0

@@ -13,7 +13,7 @@ import ctypes
 import pytest
 import torch
 
-from etmetal.shims import c_api, last_error, memory_stats
+from etmetal.shims import c_api, default_context, last_error, memory_stats
 from etmetal.shims.emulated_mps import mps_device, mps_kernels
 
 MPS = 13
@@ -110,19 +110,21 @@ def _ptr(lib, h: int) -> int:
 
 
 def test_mps_tensors_report_the_mps_device_and_free_their_storage(lib):
-    before = mps_device.live_mps_storages()
+    before = mps_device.live_mps_storages(default_context())
     base, view = _mps_tensor(lib, (4, 4))
     dev = ctypes.c_int32()
     assert lib.aoti_torch_get_device_type(view, ctypes.byref(dev)) == 0
     assert dev.value == MPS == lib.aoti_torch_device_type_mps()
-    assert mps_device.live_mps_storages() == before + 1  # the view shares the storage
+    assert (
+        mps_device.live_mps_storages(default_context()) == before + 1
+    )  # the view shares the storage
     lib.aoti_torch_delete_tensor_object(view)
     lib.aoti_torch_delete_tensor_object(base)
-    assert mps_device.live_mps_storages() == before
+    assert mps_device.live_mps_storages(default_context()) == before
 
 
 def test_malloc_memcpy_copy_buffer_free(lib):
-    before = mps_device.live_mps_storages()
+    before = mps_device.live_mps_storages(default_context())
     buf = ctypes.c_void_p()
     assert lib.aoti_torch_mps_malloc(ctypes.byref(buf), 64) == 0
     blob = bytes(range(100))
@@ -133,13 +135,13 @@ def test_malloc_memcpy_copy_buffer_free(lib):
     assert ctypes.string_at(buf.value + 8, 16) == blob[40:56]
     assert lib.aoti_torch_mps_copy_buffer(src, buf, 8, 0, 32) == 0
     assert ctypes.string_at(buf.value + 32, 8) == blob[:8]
-    assert mps_device.live_mps_storages() == before + 1
+    assert mps_device.live_mps_storages(default_context()) == before + 1
     # writes past the buffer are refused, and the buffer is left as it was
     assert lib.aoti_torch_mps_memcpy(buf, 60, 0, 16, src) == 1
     assert "not inside a buffer from aoti_torch_mps_malloc" in last_error()
     assert lib.aoti_torch_mps_copy_buffer(src, buf, 8, 0, 60) == 1
     assert lib.aoti_torch_mps_free(buf) == 0
-    assert mps_device.live_mps_storages() == before
+    assert mps_device.live_mps_storages(default_context()) == before
     assert lib.aoti_torch_mps_free(buf) == 1
     assert "double free" in last_error()
     zero = ctypes.c_void_p(1)
@@ -226,7 +228,7 @@ def test_grid_and_threadgroup_sizes(lib, fake_msl, call, threads, group):
 
 
 def test_dispatch_with_missing_or_extra_arguments_is_an_error(lib, fake_msl):
-    start = mps_device.live_mps_storages()
+    start = mps_device.live_mps_storages(default_context())
     library = _library(lib, "// kernel needs3 0 1 2\n")
     fn = _function(lib, library, "needs3")
     out, out_view = _mps_tensor(lib, (4,))
@@ -251,7 +253,7 @@ def test_dispatch_with_missing_or_extra_arguments_is_an_error(lib, fake_msl):
     assert "without aoti_torch_mps_start_encoding" in last_error()
     lib.aoti_torch_delete_tensor_object(out)
     lib.aoti_torch_delete_tensor_object(out_view)
-    assert mps_device.live_mps_storages() == start
+    assert mps_device.live_mps_storages(default_context()) == start
     lib.aoti_torch_mps_delete_shader_library(library)
 
 
@@ -296,7 +298,7 @@ def test_command_block_calls_back_natively(lib, fake_msl):
 
 def test_no_leaks_after_the_abi_round_trip(lib, fake_msl):
     start = memory_stats().live()
-    libs = mps_kernels.library_count()
+    libs = mps_kernels.library_count(default_context())
     library = _library(lib, "// kernel k 0\n")
     fn = _function(lib, library, "k")
     out, view = _mps_tensor(lib, (16,))
@@ -308,4 +310,4 @@ def test_no_leaks_after_the_abi_round_trip(lib, fake_msl):
     lib.aoti_torch_delete_tensor_object(out)
     lib.aoti_torch_mps_delete_shader_library(library)
     assert memory_stats().live() == start
-    assert mps_kernels.library_count() == libs
+    assert mps_kernels.library_count(default_context()) == libs

@@ -16,7 +16,14 @@ import torch
 
 from etmetal.examples.strided_views import CASES_BY_NAME
 from etmetal.runtime import Runtime
-from etmetal.shims import AotiModel, AotiModelError, c_api, last_error, memory_stats
+from etmetal.shims import (
+    AotiModel,
+    AotiModelError,
+    c_api,
+    default_context,
+    last_error,
+    memory_stats,
+)
 from etmetal.shims.emulated_mps import mps_device, mps_kernels, msl
 
 KERNELS = """
@@ -45,24 +52,24 @@ def test_a_thousand_executes_keep_live_mps_storages_constant(lowered_mps):
         (first,) = method.execute(list(low.inputs))
         torch.testing.assert_close(first, expected, atol=1e-5, rtol=1e-5)
         after_first = (
-            mps_device.live_mps_storages(),
-            mps_device.live_mps_bytes(),
+            mps_device.live_mps_storages(default_context()),
+            mps_device.live_mps_bytes(default_context()),
             memory_stats().live(),
-            mps_kernels.library_count(),
+            mps_kernels.library_count(default_context()),
         )
         assert after_first[0] > 0  # the constants buffer lives with the method
         for _ in range(1000):
             (out,) = method.execute(list(low.inputs))
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
         assert (
-            mps_device.live_mps_storages(),
-            mps_device.live_mps_bytes(),
+            mps_device.live_mps_storages(default_context()),
+            mps_device.live_mps_bytes(default_context()),
             memory_stats().live(),
-            mps_kernels.library_count(),
+            mps_kernels.library_count(default_context()),
         ) == after_first
     finally:
         method.destroy()
-    assert mps_device.live_mps_storages() == 0 and memory_stats().storages == 0
+    assert mps_device.live_mps_storages(default_context()) == 0 and memory_stats().storages == 0
 
 
 @pytest.fixture
@@ -77,8 +84,8 @@ def _library(lib, source: str) -> tuple[int, int]:
 
 
 def test_real_kernel_runs_and_bad_dispatches_are_errors(lib):
-    start = memory_stats().live(), mps_device.live_mps_storages()
-    libs = mps_kernels.library_count()
+    start = memory_stats().live(), mps_device.live_mps_storages(default_context())
+    libs = mps_kernels.library_count(default_context())
     rc, library = _library(lib, KERNELS)
     assert rc == 0, last_error()
     fn = ctypes.c_void_p()
@@ -124,17 +131,17 @@ def test_real_kernel_runs_and_bad_dispatches_are_errors(lib):
     for h in handles:
         lib.aoti_torch_delete_tensor_object(h)
     assert lib.aoti_torch_mps_delete_shader_library(library) == 0
-    assert (memory_stats().live(), mps_device.live_mps_storages()) == start
-    assert mps_kernels.library_count() == libs
+    assert (memory_stats().live(), mps_device.live_mps_storages(default_context())) == start
+    assert mps_kernels.library_count(default_context()) == libs
 
 
 def test_library_that_fails_to_compile_is_an_error(lib):
-    libs = mps_kernels.library_count()
+    libs = mps_kernels.library_count(default_context())
     source = KERNELS.replace("2.0f * x[i]", "undeclared_metal_function(x[i])")
     rc, library = _library(lib, source)
     assert rc == 1 and library is None
     assert "failed to compile" in last_error()
-    assert mps_kernels.library_count() == libs
+    assert mps_kernels.library_count(default_context()) == libs
 
 
 def test_a_run_whose_library_fails_to_compile_raises_and_leaks_nothing(emulated_so, monkeypatch):
@@ -158,10 +165,10 @@ def test_a_run_whose_library_fails_to_compile_raises_and_leaks_nothing(emulated_
         fresh = Path(tmp) / "fresh.so"
         shutil.copy2(so, fresh)
         monkeypatch.setattr(mps_kernels, "_compiler", lambda: Broken)
-        before = memory_stats().live(), mps_device.live_mps_storages()
+        before = memory_stats().live(), mps_device.live_mps_storages(default_context())
         with (
             AotiModel(fresh, weights, device="mps") as model,
             pytest.raises(AotiModelError, match="failed to compile.*injected"),
         ):
             model.run(inputs)
-        assert (memory_stats().live(), mps_device.live_mps_storages()) == before
+        assert (memory_stats().live(), mps_device.live_mps_storages(default_context())) == before

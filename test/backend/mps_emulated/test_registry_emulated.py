@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
-from etmetal.shims import memory_stats
+from etmetal.shims import default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 
 
@@ -31,4 +31,4 @@ def test_registry_module_runs_on_the_emulated_device(name, lowered_mps):
             assert g.shape == e.shape and g.dtype == e.dtype
             torch.testing.assert_close(g, e, atol=entry.atol, rtol=entry.rtol)
     assert memory_stats().storages == 0
-    assert mps_device.live_mps_storages() == 0
+    assert mps_device.live_mps_storages(default_context()) == 0

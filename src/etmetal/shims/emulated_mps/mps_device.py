@@ -6,7 +6,7 @@ allocation whose tensors report c10's device type 13 (``DeviceType::MPS``). Two 
 memory exist, as on a Mac:
 
 - tensors from ``aoti_torch_empty_strided(..., device_type=mps)``: storages made by the
-  context's ``MpsAllocator`` (``MPS_DEVICE`` is registered on every ``ShimContext``),
+  context's ``MpsAllocator`` (registered by ``plugin.register``),
   counted like host ones in the context's live storages;
 - raw buffers from ``aoti_torch_mps_malloc`` (the model's constants blob): kept by address
   in the context's ``MpsState`` until ``aoti_torch_mps_free``. ``aoti_torch_mps_memcpy`` / ``copy_buffer`` fill
@@ -24,11 +24,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from etmetal.shims.abi_codes import DEVICE_CODES
-from etmetal.shims.registry import put_ptr, shim
+from etmetal.common.targets import METAL_DEVICE
+from etmetal.shims.abi_codes import DEVICE_MPS
+from etmetal.shims.registry import ShimTable, put_ptr
 from etmetal.shims.storage import HostAllocator, ShimError
 
-DEVICE_MPS = DEVICE_CODES["mps"]  # c10::DeviceType::MPS
+# this module's shims: registered on a context by whoever builds it, never on import
+SHIMS = ShimTable()
+shim = SHIMS.shim
+
+__all__ = ["DEVICE_MPS", "MpsAllocator", "MpsState", "mps_state"]
 
 
 class MpsAllocator(HostAllocator):
@@ -102,32 +107,21 @@ class MpsState:
     next_id: object = field(default_factory=lambda: itertools.count(1).__next__)
 
 
-def _context(ctx):
-    if ctx is None:  # the package-level helpers act on the default context
-        from etmetal.shims.context import default_context
-
-        return default_context()
-    return ctx
-
-
-def mps_state(ctx=None) -> MpsState:
+def mps_state(ctx) -> MpsState:
     """The emulated Metal device's state in ``ctx`` (made on first use)."""
-    ctx = _context(ctx)
-    st = ctx.device_state.get("mps")
+    st = ctx.device_state.get(METAL_DEVICE)
     if st is None:
-        st = ctx.device_state["mps"] = MpsState()
+        st = ctx.device_state[METAL_DEVICE] = MpsState()
     return st
 
 
-def live_mps_storages(ctx=None) -> int:
+def live_mps_storages(ctx) -> int:
     """Live ``mps`` memory objects: storages with tensors on them plus ``mps_malloc`` buffers."""
-    ctx = _context(ctx)
     tensors = sum(1 for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS)
     return tensors + len(mps_state(ctx).buffers)
 
 
-def live_mps_bytes(ctx=None) -> int:
-    ctx = _context(ctx)
+def live_mps_bytes(ctx) -> int:
     owned = sum(
         s.nbytes for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS and s.owned
     )

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import ctypes
 
-from etmetal.shims.registry import put_ptr, shim
+from etmetal.shims.registry import ShimTable, put_ptr
 from etmetal.shims.storage import ShimError
 
 from .limits import check_grid
 from .mps_device import Function, Library, mps_state
+
+# this module's shims: registered on a context by whoever builds it, never on import
+SHIMS = ShimTable()
+shim = SHIMS.shim
 
 MAX_THREADS_PER_GROUP = 1024  # maxTotalThreadsPerThreadgroup of Apple GPUs
 MAX_SOURCE_BYTES = 64 << 20
@@ -354,5 +358,5 @@ def aoti_torch_mps_run_command_block(ctx, func, callback, user_data):
         raise ShimError("callback is NULL")
 
 
-def library_count(ctx=None) -> int:
+def library_count(ctx) -> int:
     return len(mps_state(ctx).libraries)

@@ -52,7 +52,7 @@ from .dim_order_layouts import (
     same_memory,
     set_dim_order,
 )
-from .layout_safe_view_copy import LayoutSafeViewCopyError
+from .layout_safe_view_copy_pass import LayoutSafeViewCopyError
 from .stock_kernel_layouts import (
     CONVERSION,
     COPY,

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from etmetal.backend.edge_ops import aten_overload
 
@@ -80,16 +81,19 @@ def _writes(user: fx.Node, node: fx.Node) -> bool:
     return False
 
 
-class ReplaceViewCopyWithView:
-    """Callable pass over a graph module; ``mutated_inputs`` names placeholders the
-    program writes back (mutated buffers and user inputs)."""
+class ReplaceViewCopyWithViewPass(PassBase):
+    """``mutated_inputs`` names placeholders the program writes back (mutated buffers and
+    user inputs); ``as_view``/``as_copy`` count the copies that became views and
+    ``view + clone``."""
 
     def __init__(self, mutated_inputs: set[str] | None = None) -> None:
+        super().__init__()
         self.mutated_inputs = set(mutated_inputs or ())
         self.as_view = 0
         self.as_copy = 0
 
-    def __call__(self, gm: fx.GraphModule) -> bool:
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        gm = graph_module
         graph = gm.graph
         written_roots = {
             self._root(n)
@@ -118,7 +122,7 @@ class ReplaceViewCopyWithView:
         if changed:
             graph.lint()
             gm.recompile()
-        return changed
+        return PassResult(gm, changed)
 
     def _root(self, node: fx.Node) -> fx.Node:
         while _is_view(node) and isinstance(node.args[0], fx.Node):

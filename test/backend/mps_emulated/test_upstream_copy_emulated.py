@@ -1,6 +1,6 @@
-"""The seed scenario on the Metal path: views with holes (chunk/split + cat) stay in their
+"""The upstream-copy scenario on the Metal path: views with holes (chunk/split + cat) stay in their
 parent ``mps`` storage, so what writes through them gives the right answer;
-``materialize="seed"`` (upstream's copy-into-a-new-buffer) loses those writes.
+``materialize="upstream_copy"`` (upstream's copy-into-a-new-buffer) loses those writes.
 
 On ``mps`` Inductor fuses an elementwise chunk + cat into one Metal kernel that reads
 the packed buffer, so the writes through views come from the fallbacks: in
@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from etmetal.examples.strided_views import CASES_BY_NAME
-from etmetal.shims import AotiModel, memory_stats
-from etmetal.shims.context import default_context
+from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 
 
@@ -34,7 +33,12 @@ class ChunkMatmulCat(nn.Module):
         return torch.cat([a @ self.w1, b @ self.w2], dim=-1)
 
 
-SEED_CASES = ("chunk_cat", "chunk_matmul_cat", "rope_split_halves", "channels_last_chunk_cat")
+UPSTREAM_COPY_CASES = (
+    "chunk_cat",
+    "chunk_matmul_cat",
+    "rope_split_halves",
+    "channels_last_chunk_cat",
+)
 
 
 def _case(name: str):
@@ -53,24 +57,26 @@ def poisoned_mps_memory():
     default_context().allocator(mps_device.DEVICE_MPS).fill_byte = None
 
 
-@pytest.mark.parametrize("name", SEED_CASES)
+@pytest.mark.parametrize("name", UPSTREAM_COPY_CASES)
 def test_views_with_holes_are_correct_on_the_emulated_device(name, lowered_mps):
-    low = lowered_mps(f"seed:{name}", lambda: _case(name))
+    low = lowered_mps(f"upstream_copy:{name}", lambda: _case(name))
     (expected,) = low.expected()
     (got,) = low.run()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    assert memory_stats().storages == 0 and mps_device.live_mps_storages() == 0
+    assert memory_stats().storages == 0 and mps_device.live_mps_storages(default_context()) == 0
 
 
-def test_seed_materialization_loses_the_chunk_cat_writes(emulated_so, poisoned_mps_memory):
+def test_upstream_copy_materialization_loses_the_chunk_cat_writes(emulated_so, poisoned_mps_memory):
     module, inputs = _case("chunk_matmul_cat")
     expected = module(*inputs).detach()
     so, weights = emulated_so(module, inputs)
     with AotiModel(so, weights, device="mps") as model:
         (ok,) = model.run(inputs)
     torch.testing.assert_close(ok, expected, atol=1e-5, rtol=1e-5)
-    with AotiModel(so, weights, device="mps", materialize="seed") as model:
+    with AotiModel(so, weights, device="mps", materialize="upstream_copy") as model:
         (out,) = model.run(inputs)
     # both matmuls wrote into copies of their views: no element of the cat was written
-    assert torch.isnan(out).all(), "seed materialization should lose the writes through views"
-    assert memory_stats().storages == 0 and mps_device.live_mps_storages() == 0
+    assert torch.isnan(out).all(), (
+        "upstream_copy materialization should lose the writes through views"
+    )
+    assert memory_stats().storages == 0 and mps_device.live_mps_storages(default_context()) == 0

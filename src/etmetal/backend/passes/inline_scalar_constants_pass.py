@@ -17,6 +17,7 @@ import torch
 from torch import fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from etmetal.backend.edge_ops import aten_overload
 
@@ -54,8 +55,30 @@ def _tensor_dtype(arg: Any) -> torch.dtype | None:
     return val.dtype if isinstance(val, torch.Tensor) and val.dim() > 0 else None
 
 
-def inline_scalar_constants(ep: ExportedProgram) -> int:
-    """Rewrite ``ep``'s graph in place; returns how many operands became numbers."""
+class InlineScalarConstantsPass(PassBase):
+    """Over the graph module of ``exported_program`` (whose signature says which
+    placeholders are 0-dim constants never written); ``replaced`` counts the operands
+    that became numbers."""
+
+    def __init__(self, exported_program: ExportedProgram) -> None:
+        super().__init__()
+        self.exported_program = exported_program
+        self.replaced = 0
+
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        if graph_module is not self.exported_program.graph_module:
+            # the placeholders' meaning comes from the program's signature: another graph's
+            # placeholders of the same name are other values
+            raise ValueError(
+                "InlineScalarConstantsPass runs on the graph module of the ExportedProgram "
+                "it was made with"
+            )
+        replaced = _inline(self.exported_program)
+        self.replaced += replaced
+        return PassResult(graph_module, replaced > 0)
+
+
+def _inline(ep: ExportedProgram) -> int:
     constants = _scalar_constants(ep)
     if not constants:
         return 0

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from etmetal.backend.edge_ops import aten_overload
 
@@ -52,8 +53,20 @@ def convertible(node: fx.Node) -> bool:
     return memory_format_of(node.kwargs.get("dim_order"), rank) is not None
 
 
-def rewrite_dim_order_ops(gm: fx.GraphModule) -> int:
-    """Rewrite every convertible dim-order node in place; returns how many changed."""
+class DimOrderToAtenPass(PassBase):
+    """Rewrite every convertible dim-order node in place; ``rewritten`` counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewritten = 0
+
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        changed = _rewrite(graph_module)
+        self.rewritten += changed
+        return PassResult(graph_module, changed > 0)
+
+
+def _rewrite(gm: fx.GraphModule) -> int:
     changed = 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or not convertible(node):
