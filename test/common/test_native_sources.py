@@ -95,9 +95,11 @@ def test_header_parts_are_included_by_the_header_checked_for_them(part: str):
 
 def test_the_bridge_fragment_compiles_in_the_bridge_prelude():
     from etmetal.shims import bridge
+    from etmetal.shims.emulated_mps import plugin
 
     fragment = (PACKAGE / f"{MSL}/bridge_source.cpp").read_text()
-    assert fragment in bridge._PRELUDE, "bridge_source.cpp is no longer part of the prelude"
-    # the prelude opens the bridge's extern "C" block; the generated forwarders close it
-    proc = _compile(bridge._PRELUDE + "}\n", "c++", "-std=c++17", "-I", str(PACKAGE / "shims"))
+    # the emulated device's bridge source, as the bridge assembles it (no forwarders)
+    source = bridge.generate_source({}, [plugin.DEVICE.bridge_source])
+    assert fragment in source, "bridge_source.cpp is no longer part of the device's bridge source"
+    proc = _compile(source, "c++", "-std=c++17", "-I", str(PACKAGE / "shims"))
     assert proc.returncode == 0, f"bridge_source.cpp in the bridge prelude:\n{proc.stderr}"

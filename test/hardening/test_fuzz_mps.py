@@ -17,9 +17,9 @@ SEED = int(os.environ.get("ETMETAL_FUZZ_SEED", 2026))
 def test_hostile_mps_sequences_end_in_codes(tmp_path):
     by_kind: Counter = Counter()
     # the mps family needs no seed programs: an empty seeds directory
-    counts, bad = run_campaign(tmp_path, CASES, SEED, kinds=["mps"], by_kind=by_kind)
+    counts, bad = run_campaign(tmp_path, CASES, SEED, kinds=["metal_shims"], by_kind=by_kind)
     print("\n" + summary(counts))
     assert sum(counts.values()) == CASES
     assert counts["crash"] == 0 and counts["hang"] == 0
     assert not bad, "\n".join(bad[:20])
-    assert set(k for k, _ in by_kind) == {"mps"} and by_kind[("mps", "error")] > 0
+    assert set(k for k, _ in by_kind) == {"metal_shims"} and by_kind[("metal_shims", "error")] > 0

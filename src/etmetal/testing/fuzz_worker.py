@@ -44,7 +44,7 @@ from executorch.exir._serialize._program import (  # noqa: E402
 
 from etmetal.testing.pte_blobs import named_bytes, replace_named  # noqa: E402
 
-ALL_KINDS = ("pte", "weights", "processed", "shim", "mps")
+ALL_KINDS = ("pte", "weights", "processed", "shim", "metal_shims")
 # ETMETAL_FUZZ_KINDS (comma-separated) restricts a campaign to some families
 KINDS = tuple(k for k in os.environ.get("ETMETAL_FUZZ_KINDS", ",".join(ALL_KINDS)).split(",") if k)
 _unknown = sorted(set(KINDS) - set(ALL_KINDS))
@@ -302,7 +302,7 @@ def run_case(seeds: list[Seed], case: int, base_seed: int) -> tuple[str, str, st
     kind = KINDS[case % len(KINDS)]
     if kind == "shim":
         return (kind, *shim_sequence(rng))
-    if kind == "mps":
+    if kind == "metal_shims":
         return (kind, *mps_sequence(rng))
     seed = seeds[(case // len(KINDS)) % len(seeds)]
     if kind == "pte":

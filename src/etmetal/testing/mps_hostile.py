@@ -117,11 +117,12 @@ _keep: list = []  # sources must outlive the call
 
 
 def _blob(n: int) -> int:
+    from etmetal.shims import default_context
     from etmetal.shims.emulated_mps import mps_device
 
     src = ctypes.create_string_buffer(n)
     _keep.append(src)
-    mps_device.lend_source(ctypes.addressof(src), n)
+    mps_device.lend_source(default_context(), ctypes.addressof(src), n)
     return ctypes.addressof(src)
 
 

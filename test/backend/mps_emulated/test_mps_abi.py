@@ -129,7 +129,9 @@ def test_malloc_memcpy_copy_buffer_free(lib):
     assert lib.aoti_torch_mps_malloc(ctypes.byref(buf), 64) == 0
     blob = bytes(range(100))
     src = ctypes.create_string_buffer(blob, len(blob))
-    mps_device.lend_source(ctypes.addressof(src), len(blob))  # as a model's weights blob
+    mps_device.lend_source(
+        default_context(), ctypes.addressof(src), len(blob)
+    )  # as a model's weights blob
     # constant 16 bytes read at blob offset 40, stored at buffer offset 8
     assert lib.aoti_torch_mps_memcpy(buf, 8, 40, 16, src) == 0
     assert ctypes.string_at(buf.value + 8, 16) == blob[40:56]
@@ -147,7 +149,7 @@ def test_malloc_memcpy_copy_buffer_free(lib):
     zero = ctypes.c_void_p(1)
     assert lib.aoti_torch_mps_malloc(ctypes.byref(zero), 0) == 0 and zero.value is None
     assert lib.aoti_torch_mps_free(None) == 0
-    mps_device.withdraw_source(ctypes.addressof(src))
+    mps_device.withdraw_source(default_context(), ctypes.addressof(src))
 
 
 def test_copies_find_their_buffer_among_many_and_never_span_two(lib):
@@ -156,7 +158,7 @@ def test_copies_find_their_buffer_among_many_and_never_span_two(lib):
         assert lib.aoti_torch_mps_malloc(ctypes.byref(b), 32 * (i + 1)) == 0
     blob = bytes(range(256))
     src = ctypes.create_string_buffer(blob, len(blob))
-    mps_device.lend_source(ctypes.addressof(src), len(blob))
+    mps_device.lend_source(default_context(), ctypes.addressof(src), len(blob))
     # free two in the middle: the others are still found, the freed ones are not
     for b in (bufs[2], bufs[4]):
         assert lib.aoti_torch_mps_free(b) == 0
@@ -175,7 +177,7 @@ def test_copies_find_their_buffer_among_many_and_never_span_two(lib):
     for i, b in enumerate(bufs):
         if i not in (2, 4):
             assert lib.aoti_torch_mps_free(b) == 0
-    mps_device.withdraw_source(ctypes.addressof(src))
+    mps_device.withdraw_source(default_context(), ctypes.addressof(src))
 
 
 def test_kernel_arguments_reach_the_executor_as_upstream_binds_them(lib, fake_msl):

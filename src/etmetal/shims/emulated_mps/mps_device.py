@@ -150,13 +150,13 @@ def _buffer_span(ctx, ptr: int, nbytes: int, what: str) -> RawBuffer:
     )
 
 
-def lend_source(ptr: int, nbytes: int, ctx=None) -> None:
+def lend_source(ctx, ptr: int, nbytes: int) -> None:
     """Allow ``[ptr, ptr + nbytes)`` as the source of ``mps_memcpy``/``copy_buffer`` (a
     caller's own constants, as a model's weights blob is while it loads)."""
     mps_state(ctx).lent[ptr] = nbytes
 
 
-def withdraw_source(ptr: int, ctx=None) -> None:
+def withdraw_source(ctx, ptr: int) -> None:
     mps_state(ctx).lent.pop(ptr, None)
 
 
