@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from etmetal.scripts import bench_lowering, bench_overhead, bench_report, bench_runtime
+from etmetal.bench import report as bench_report
+from etmetal.scripts import bench_lowering, bench_overhead, bench_runtime
 
 ROW_KEYS = {"suite", "case", "median_us", "min_us", "samples", "ratios", "targets_at_most", "met"}
 
