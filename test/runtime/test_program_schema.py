@@ -96,3 +96,40 @@ def test_shims_import_no_export_stack():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+BROKEN = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    class Broken(importlib.abc.MetaPathFinder):  # one parser module cannot be imported
+        def find_spec(self, name, path=None, target=None):
+            if name == "executorch.exir._serialize._program":
+                raise ImportError("simulated: the .pte parser is broken")
+            return None
+
+    sys.meta_path.insert(0, Broken())
+    try:
+        import etmetal.runtime
+    except ImportError as exc:
+        assert "simulated" in str(exc), exc
+    else:
+        raise AssertionError("import etmetal.runtime succeeded without its parser")
+    left = sorted(n for n in sys.modules if n.startswith("executorch.exir"))
+    assert left == [], left  # nothing half-imported stays behind
+    sys.meta_path.remove(sys.meta_path[0])
+    import executorch.exir  # the real package still imports afterwards
+    assert executorch.exir.schema.Program is not None
+    print("ok")
+    """
+)
+
+
+def test_a_failed_schema_import_leaves_nothing_behind(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

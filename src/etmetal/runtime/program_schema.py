@@ -94,8 +94,14 @@ def _import_without_package_init() -> None:
     try:
         for name in _LIGHT:
             importlib.import_module(name)
+    except BaseException:
+        # leave nothing half-imported: a later ``import executorch.exir`` starts clean
+        for name in set(sys.modules) - before:
+            if name.startswith("executorch."):
+                del sys.modules[name]
+        raise
     finally:
-        del sys.modules[_PACKAGE]
+        sys.modules.pop(_PACKAGE, None)
     # Namespace packages (``executorch.exir.backend``) compute their path from the
     # stand-in; they go too and are imported for real when needed.
     added = [n for n in set(sys.modules) - before if n.startswith(_PACKAGE + ".")]
