@@ -125,11 +125,13 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser, args: lis
 # ------------------------------------------------------------------ the run step
 
 
-def run_program(buffer: bytes, inputs, *, runner_kernels: bool = True) -> list:
+def run_program(buffer: bytes, inputs, *, runner_kernels: bool = False) -> list:
     """Run a serialized program's ``forward`` in etmetal's runtime; the outputs as a list.
 
-    With ``runner_kernels``, a program calling an operator the FVP test runner lacks
-    raises :class:`~etmetal.testing.cortex_m_fvp.RunnerKernelMissing` before it runs."""
+    With ``runner_kernels`` (the plugin's default, ``--etmetal-cortex-m-kernels=fvp``), a
+    program calling an operator the FVP test runner lacks raises
+    :class:`~etmetal.testing.cortex_m_fvp.RunnerKernelMissing` before it runs. Without it
+    (the backend-suite flow), every etmetal kernel is available."""
     from torch.utils._pytree import tree_flatten
 
     from etmetal.runtime import Runtime
