@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
@@ -48,16 +47,10 @@ def _install_and_probe(tmp_path: Path, editable: bool) -> dict:
     env_dir = tmp_path / ("editable" if editable else "normal")
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    # the outer interpreter's pip installs into the venv's site-packages (no network: no deps,
-    # no build isolation; setuptools comes from the outer environment)
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    args = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
-    args += ["--target", site] if not editable else ["--prefix", str(env_dir)]
+    # the venv's own interpreter runs pip (this environment's pip module, seen through the
+    # system site-packages), so pip installs into the venv and never touches, let alone
+    # uninstalls, this environment's etmetal; no network: no deps, no build isolation
+    args = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
     args += ["-e", str(ROOT)] if editable else [str(ROOT)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from etmetal.scripts import bench_lowering, bench_overhead, bench_report, bench_runtime
+from etmetal.bench import report as bench_report
+from etmetal.scripts import bench_lowering, bench_overhead, bench_runtime
 
 ROW_KEYS = {"suite", "case", "median_us", "min_us", "samples", "ratios", "targets_at_most", "met"}
 
@@ -148,3 +149,26 @@ def test_all_writes_markdown_from_the_json(tmp_path):
     assert "etmetal bench overhead" in md and f"torch {torch.__version__}" in md
     ns = result["suites"]["overhead"]["rows"][0]["extra"]["ns_per_call"]["get_data_ptr"]
     assert f"| get_data_ptr | {ns:.0f} |" in md
+
+
+def test_all_update_md_adds_the_import_times(tmp_path):
+    old = "# etmetal benchmarks\n\n## Other suite\n\nkept 1.0 us\n"
+    (tmp_path / "B.md").write_text(old)
+    proc = _run_cli(
+        ["all", "--quick", "--suites", "imports", "--update-md", "B.md", "--json", "all.json"],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "all.json").read_text())
+    wall, cpu = result["suites"]["imports"]["rows"]
+    assert set(wall["median_us"]) == {
+        "torch",
+        "etmetal.runtime",
+        "etmetal.shims",
+        "executorch.runtime",
+    }
+    md = (tmp_path / "B.md").read_text()
+    assert md.startswith(old) and "## Import time in a fresh interpreter" in md
+    runtime_s = wall["median_us"]["etmetal.runtime"] / 1e6
+    assert f"| etmetal.runtime | {runtime_s:.2f} s |" in md
+    assert "`etmetal bench imports --json OUT.json --runs 1`" in md

@@ -3,7 +3,7 @@
 - keeps the first case of each ``ops/`` test module that upstream expects to pass (no
   xfail mark), plus the node ids listed in ``ETMETAL_SLICE_EXTRA``;
 - counts the programs that really ran in etmetal's runtime and prints ``host runs: N``;
-- prints ``slice outcome: <test file stem> <outcome>`` for every case it kept.
+- prints ``slice outcome: <test file stem> <outcome>`` for each file's first case.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ def pytest_configure(config):
 
     original = plugin.run_program
 
-    def counting(buffer, inputs):
+    def counting(buffer, inputs, **kwargs):
         global _runs
         _runs += 1
-        return original(buffer, inputs)
+        return original(buffer, inputs, **kwargs)
 
     plugin.run_program = counting
 
@@ -31,7 +31,7 @@ def pytest_configure(config):
 @pytest.hookimpl(trylast=True)  # after -k deselected
 def pytest_collection_modifyitems(config, items):
     extra = [e for e in os.environ.get("ETMETAL_SLICE_EXTRA", "").split(",") if e]
-    kept, seen, dropped = [], set(), []
+    kept, seen, dropped, firsts = [], set(), [], []
     for item in items:
         module = item.path
         wanted = any(item.nodeid.endswith(e) for e in extra)
@@ -41,13 +41,16 @@ def pytest_collection_modifyitems(config, items):
             and module not in seen
             and item.get_closest_marker("xfail") is None
         )
+        if first:
+            seen.add(module)
+            firsts.append(item)
         if wanted or first:
             kept.append(item)
-            seen.add(module)
         else:
             dropped.append(item)
     items[:] = kept
-    _files.update({item.nodeid: item.path.stem for item in kept})
+    # outcomes per file: the first cases only (the extra ones are checked by name)
+    _files.update({item.nodeid: item.path.stem for item in firsts})
     config.hook.pytest_deselected(items=dropped)
 
 
@@ -56,8 +59,9 @@ _outcomes: list[tuple[str, str]] = []
 
 
 def pytest_runtest_logreport(report):
-    if report.when == "call" or (report.when == "setup" and not report.passed):
-        _outcomes.append((_files.get(report.nodeid, "?"), report.outcome))
+    first = report.nodeid in _files
+    if first and (report.when == "call" or (report.when == "setup" and not report.passed)):
+        _outcomes.append((_files[report.nodeid], report.outcome))
 
 
 @pytest.hookimpl(trylast=True)

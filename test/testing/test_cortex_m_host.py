@@ -23,9 +23,12 @@ pytest.importorskip("tosa_serializer", reason="the cortex-m extra (tosa-tools) i
 from etmetal.testing import cortex_m_host  # noqa: E402
 
 HERE = Path(__file__).parent
-# a strict xfail upstream (the device softmax handles the last dim only) and a module
-# whose import needs torchaudio
+# upstream's strict xfails that pass on a host with every kernel: two that the FVP
+# runner's kernel set refuses (a float softmax over a non-last dim, a broadcasting float
+# division) and one the host is more capable for (a 5-D convolution)
 SOFTMAX_NOT_LAST = "test_implementation_softmax[cortex-m55-dim_not_last]"
+DIV_BROADCAST = "test_implementation_div[cortex-m55-broadcast_1]"
+CONV3D = "test_implementation_conv2d[cortex-m55-conv3d]"
 
 
 def _pytest(*args: str, env: dict | None = None, cwd: Path) -> subprocess.CompletedProcess:
@@ -59,7 +62,7 @@ def test_one_case_per_ops_file_passes_on_the_host(tmp_path):
         "-k",
         "implementation",
         "-rfEsX",
-        env={"ETMETAL_SLICE_EXTRA": SOFTMAX_NOT_LAST},
+        env={"ETMETAL_SLICE_EXTRA": ",".join([SOFTMAX_NOT_LAST, DIV_BROADCAST, CONV3D])},
         cwd=tmp_path,
     )
     text = out.stdout + out.stderr
@@ -76,18 +79,44 @@ def test_one_case_per_ops_file_passes_on_the_host(tmp_path):
     assert "error" not in counts and "errors" not in counts, text[-5000:]
     # the programs really ran in etmetal's runtime: one run per executed case
     runs = int(re.search(r"host runs: (\d+)", out.stdout).group(1))
-    assert runs == counts.get("passed", 0) + counts.get("failed", 0) + counts.get("xfailed", 0)
+    executed = ("passed", "failed", "xfailed", "xpassed")
+    assert runs == sum(counts.get(k, 0) for k in executed)
     section = out.stdout.split("etmetal Cortex-M host", 1)[1]
     assert f"{counts['passed']} passed" in section
-    # a strict XPASS is a failure for pytest (upstream's mark) and listed on its own
-    if "strict XPASS (upstream marks" in section:
-        assert SOFTMAX_NOT_LAST in section and counts.get("failed", 0) >= 1
-        assert counts["failed"] == len(re.findall(r"^FAILED ", out.stdout, re.M))
-    else:
-        assert counts.get("failed", 0) == 0, text[-5000:]
+    # upstream's strict xfails: refused as the FVP runner refuses them (xfailed), or a named
+    # host/device difference (xpassed); none fails the run
+    refused = section.split("refused as the FVP test runner", 1)[1].split("host/device", 1)[0]
+    assert SOFTMAX_NOT_LAST in refused and DIV_BROADCAST in refused and CONV3D not in refused
+    differences = section.split("host/device differences", 1)[1]
+    assert CONV3D in differences and "portable convolution kernel" in differences
+    assert "strict XPASS (upstream marks" not in section
+    assert counts.get("failed", 0) == 0 and counts.get("xpassed") == 1, text[-5000:]
+    assert out.returncode == 0, text[-5000:]
     # a missing optional model package is a skip that names it
     if importlib.util.find_spec("torchaudio") is None:
         assert "optional dependency 'torchaudio' is not installed" in out.stdout
+
+
+@pytest.mark.timeout(1200)
+def test_every_kernel_on_the_host_makes_upstreams_strict_xfail_a_failure(tmp_path):
+    # --etmetal-cortex-m-kernels=all: no runner kernel set, so the softmax runs (and
+    # matches the reference) and upstream's strict mark fails the run, listed on its own
+    out = _pytest(
+        "-p",
+        "etmetal.testing.cortex_m_host",
+        "--etmetal-cortex-m-kernels=all",
+        "--pyargs",
+        "executorch.backends.cortex_m.test.ops.test_softmax",
+        "-k",
+        "implementation and dim_not_last",
+        cwd=tmp_path,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and _counts(out.stdout).get("failed") == 1, text[-5000:]
+    section = out.stdout.split("etmetal Cortex-M host", 1)[1]
+    assert "strict XPASS (upstream marks" in section and SOFTMAX_NOT_LAST in section
+    assert "refused as the FVP test runner" not in section
+    assert "every etmetal kernel" in out.stdout  # the header says which kernel set ran
 
 
 def test_pyargs_resolves_namespace_packages_only():

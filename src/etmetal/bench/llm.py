@@ -12,9 +12,9 @@ One run reports, side by side:
   baseline (its RSS after imports, before the program is read).
 
 Not part of ``bench all``: it compiles a 30M model (minutes on a cold cache);
-``--programs DIR`` keeps the two programs for the next run. The suite
-lives here rather than in ``scripts/`` (which holds the CLI and the other drivers) to
-keep ``scripts/`` small; ``etmetal bench llm`` runs it.
+``--programs DIR`` keeps the two programs for the next run. The command's arguments and
+printing are ``etmetal.scripts.bench_llm``'s; the RSS child is this module
+(``python -m etmetal.bench.llm PTE METHODS``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +36,6 @@ PROMPT = 32
 DECODE_AT_MOST = 1.05  # issue 15: decode latency vs eager
 RSS_AT_MOST = 1.15  # issue 15: peak RSS, both methods vs one
 _SECTION = ("<!-- etmetal bench llm -->", "<!-- /etmetal bench llm -->")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    bm.add_common_arguments(parser, repeat=30)
-    parser.add_argument("--config", default="30m", help="LM size: 30m (default) or tiny")
-    parser.add_argument("--write-md", metavar="PATH", help="put the LLM section in this file")
-    parser.add_argument(
-        "--programs",
-        metavar="DIR",
-        help="keep the lowered programs in DIR: a program already there is reused as it is "
-        "(lowering the 30m LM takes minutes)",
-    )
-    parser.add_argument("--rss-child", nargs=2, metavar=("PTE", "METHODS"), help=argparse.SUPPRESS)
 
 
 def _peak_kib() -> int:
@@ -81,7 +66,7 @@ def _rss_child(pte: str, methods: str) -> None:
 
 
 def measure_rss(pte: Path, methods: str) -> dict[str, float]:
-    argv = [sys.executable, "-m", "etmetal.bench.llm", "--rss-child", str(pte), methods]
+    argv = [sys.executable, "-m", "etmetal.bench.llm", str(pte), methods]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     doc = json.loads(out.strip().splitlines()[-1])
     return {
@@ -120,7 +105,7 @@ def lower_programs(model: torch.nn.Module, config: str, directory: Path) -> dict
 
 def _runner(ep) -> Any:
     from etmetal.backend.aoti_compile import compile_exported_program
-    from etmetal.bench.aoti_runner import torch_runner
+    from etmetal.bench.delegate import torch_runner
 
     art = compile_exported_program(ep, link_libtorch=True)
     return torch_runner(art.so_path, art.weights_path)
@@ -170,45 +155,23 @@ def latency(model, pte: Path, args) -> list[bm.Comparison]:
     return rows
 
 
-def collect(args: argparse.Namespace) -> dict[str, Any]:
-    if args.rss_child:
-        _rss_child(*args.rss_child)
-        return {}
-    from etmetal.examples import llm
-
-    torch.set_num_threads(args.threads)
-    cfg = llm.CONFIGS[args.config]
-    model = llm.make_decoder_lm(cfg)
-    params = sum(p.numel() for p in model.parameters())
-    print(f"LM {args.config}: {params / 1e6:.1f}M parameters, {torch.get_num_threads()} thread(s)")
-    with tempfile.TemporaryDirectory(prefix="etmetal-bench-llm-") as tmp:
-        directory = Path(args.programs or tmp)
-        directory.mkdir(parents=True, exist_ok=True)
-        paths = lower_programs(model, args.config, directory)
-        rows = latency(model, paths["shared"], args)
-        memory: dict[str, Any] = {}
-        for name, path in paths.items():
-            one, both = measure_rss(path, "decode"), measure_rss(path, "prefill,decode")
-            memory[name] = {
-                "pte_mib": path.stat().st_size / 2**20,
-                "one_method": one,
-                "both_methods": both,
-                "both_over_one": both["peak_mib"] / one["peak_mib"],
-            }
-            print(
-                f"{name}: .pte {memory[name]['pte_mib']:.1f} MiB, peak RSS one method "
-                f"{one['peak_mib']:.0f} MiB (+{one['above_base_mib']:.0f}), both "
-                f"{both['peak_mib']:.0f} MiB (+{both['above_base_mib']:.0f}), "
-                f"ratio {memory[name]['both_over_one']:.3f}"
-            )
-    doc = bm.emit(args, "llm", rows, memory=memory, parameters=params, prompt=PROMPT)
-    doc["started_utc"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    if args.write_md:
-        write_section(Path(args.write_md), render(doc, args))
-    return doc
+def measure_memory(paths: dict[str, Path]) -> dict[str, Any]:
+    """Per layout: the ``.pte`` size and the peak RSS of a fresh process running the
+    ``decode`` method alone and both methods."""
+    memory: dict[str, Any] = {}
+    for name, path in paths.items():
+        one, both = measure_rss(path, "decode"), measure_rss(path, "prefill,decode")
+        memory[name] = {
+            "pte_mib": path.stat().st_size / 2**20,
+            "one_method": one,
+            "both_methods": both,
+            "both_over_one": both["peak_mib"] / one["peak_mib"],
+        }
+    return memory
 
 
 def render(doc: dict[str, Any], args: argparse.Namespace) -> str:
+    """The BENCHMARKS.md section of one run (``doc`` is the suite's JSON)."""
     cmd = f"etmetal bench llm --repeat {args.repeat} --write-md BENCHMARKS.md"
     lines = [
         _SECTION[0],
@@ -269,7 +232,9 @@ def carry_section(path: Path, text: str) -> str:
     return text.rstrip("\n") + "\n\n" + old[start : end + len(_SECTION[1])] + "\n"
 
 
-if __name__ == "__main__":  # the RSS child: python -m etmetal.bench.llm --rss-child
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    collect(parser.parse_args())
+if __name__ == "__main__":  # the RSS child: python -m etmetal.bench.llm PTE METHODS
+    child = argparse.ArgumentParser(prog="python -m etmetal.bench.llm")
+    child.add_argument("pte")
+    child.add_argument("methods", help="comma-separated methods to load and run")
+    parsed = child.parse_args()
+    _rss_child(parsed.pte, parsed.methods)

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from executorch.exir import schema
 
 from .errors import InvalidProgramError
+from .program_schema import schema
 from .values import ValueTable
 
 # out-variant layout copies: pure functions of their inputs

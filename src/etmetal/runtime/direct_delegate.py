@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from executorch.exir import schema
 
 from .backend_interface import BackendExecutor
 from .errors import ExecutionError, InputError, instruction_failed
+from .program_schema import schema
 from .values import TensorInfo, ValueTable
 
 

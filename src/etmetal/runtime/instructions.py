@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from executorch.exir import schema
 
 from .backend_interface import BackendExecutor, BackendInitContext
 from .constant_fold import fold_constants
@@ -28,6 +27,7 @@ from .errors import (
     MissingKernelError,
 )
 from .kernels import registry
+from .program_schema import schema
 from .values import ValueTable
 
 Step = Callable[[], object]

@@ -1,8 +1,9 @@
 """Reading ``.pte`` and ``.ptd`` files into validated program data.
 
-Parsing is ExecuTorch's own (``executorch.exir._serialize``); this module checks what
-the parser cannot (header magic, segment bounds, index ranges) and turns every parser
-failure into an ``InvalidProgramError`` naming the file.
+Parsing is ExecuTorch's own (``executorch.exir._serialize``, reached through
+:mod:`.program_schema` so that ``executorch.exir``'s package init stays out); this module
+checks what the parser cannot (header magic, segment bounds, index ranges) and turns every
+parser failure into an ``InvalidProgramError`` naming the file.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from executorch.exir import schema
-
 from .errors import InvalidProgramError
+from .program_schema import Cord, ptd_parser, pte_parser, schema
 
 PathOrBytes = str | os.PathLike | bytes | bytearray | memoryview
 
@@ -50,9 +50,7 @@ def _check_pte_header(data: bytes, source: str) -> None:
 
 def _check_segments(data: bytes, source: str) -> None:
     """Segments and the flatbuffer must lie inside the file (before the parser slices)."""
-    from executorch.exir._serialize._program import _get_extended_header
-
-    header = _get_extended_header(data)
+    header = pte_parser._get_extended_header(data)
     if header is None:
         return
     if header.program_size > len(data) or header.program_size < 8:
@@ -78,22 +76,15 @@ def _check_segment_table(program: schema.Program, base: int, data: bytes, source
 
 def _deserialize(data: bytes, source: str):
     """``deserialize_pte_binary``, with the segment table checked before segments are cut."""
-    from executorch.exir._serialize._program import (
-        PTEFile,
-        _flatbuffer_to_program,
-        _get_extended_header,
-        _restore_segments,
-    )
-
-    header = _get_extended_header(data)
+    header = pte_parser._get_extended_header(data)
     size, base = len(data), 0
     if header is not None and header.is_valid():
         size, base = header.program_size, header.segment_base_offset
-    program = _flatbuffer_to_program(data[:size])
+    program = pte_parser._flatbuffer_to_program(data[:size])
     if not base:
-        return PTEFile(program=program, mutable_data=None, named_data=None)
+        return pte_parser.PTEFile(program=program, mutable_data=None, named_data=None)
     _check_segment_table(program, base, data, source)
-    return _restore_segments(program=program, segment_data=data[base:])
+    return pte_parser._restore_segments(program=program, segment_data=data[base:])
 
 
 def _parse(data: bytes, source: str):
@@ -146,13 +137,10 @@ def load_program_data(
 
 def _check_data_segments(data: bytes, source: str) -> None:
     """The ``.ptd``'s segments lie inside the file (the parser slices silently)."""
-    from executorch.extension.flat_tensor.serialize.serialize import (
-        FlatTensorHeader,
-        _deserialize_to_flat_tensor,
+    header = ptd_parser.FlatTensorHeader.from_bytes(data[8:])
+    flat = ptd_parser._deserialize_to_flat_tensor(
+        data[: header.flatbuffer_offset + header.flatbuffer_size]
     )
-
-    header = FlatTensorHeader.from_bytes(data[8:])
-    flat = _deserialize_to_flat_tensor(data[: header.flatbuffer_offset + header.flatbuffer_size])
     for i, seg in enumerate(flat.segments):
         end = header.segment_base_offset + seg.offset + seg.size
         if seg.offset < 0 or seg.size < 0 or end > len(data):
@@ -164,12 +152,9 @@ def _check_data_segments(data: bytes, source: str) -> None:
 
 def load_data_file(what: PathOrBytes) -> dict[str, bytes]:
     """Named data of a ``.ptd`` (FlatTensor) file: key -> bytes."""
-    from executorch.exir._serialize._cord import Cord
-    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
-
     data, source = read_bytes(what, "data")
     try:
-        payload = FlatTensorSerializer().deserialize(Cord(data))
+        payload = ptd_parser.FlatTensorSerializer().deserialize(Cord(data))
     except Exception as exc:
         raise InvalidProgramError(
             f"{source}: cannot parse data file: {type(exc).__name__}: {exc}"

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from executorch.exir import schema
 
 from .direct_delegate import DirectDelegateCall
 from .errors import ExecutionError, InputError, instruction_failed
 from .instructions import PreparedMethod, destroy_all
 from .layout import resize_in_dim_order
+from .program_schema import schema
 from .values import TensorInfo, ValueTable
 
 # a method whose jumps never reach its end is a hang; bound the steps per execute

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from executorch.exir import schema
 
 from .errors import InvalidProgramError, ResourceLimitError
 from .layout import SCALAR_TYPES, element_size, numel, strides_for
+from .program_schema import schema
 
 MEMORY_CAP_ENV = "ETMETAL_MAX_MEMORY"
 MAX_DIMS = 16  # ExecuTorch's kTensorDimensionLimit

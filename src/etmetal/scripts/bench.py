@@ -16,13 +16,18 @@ SUITES = {
         "emulated Metal: kernel launch overhead, per-kernel times, emulated/host ratio",
     ),
     "llm": (
-        "etmetal.bench.llm",
+        "etmetal.scripts.bench_llm",
         "a ~30M two-method decoder LM: latency vs eager and torch's AOTI runner; "
         ".pte size and peak RSS with and without weight sharing",
     ),
     "all": (
         "etmetal.scripts.bench_all",
         "every suite, each in its own process; writes BENCHMARKS.md",
+    ),
+    "imports": (
+        "etmetal.scripts.bench_imports",
+        "import time of etmetal.runtime (and torch, etmetal.shims, executorch.runtime) "
+        "in fresh interpreters, wall and CPU",
     ),
     "isolation": (
         "etmetal.scripts.bench_isolation",

@@ -21,9 +21,18 @@ When active it also
   has no ``__init__.py``) to their folder, so the module form works from any directory;
 - reports a test module that cannot be imported because an optional model package
   (torchvision, torchaudio, ...) is missing as a skip naming the package;
-- lists strict XPASS cases (upstream expects a failure on the FVP, the host run matches
-  the reference) in a summary section of their own; pytest still counts them as
+- runs only the kernels upstream's FVP test runner is built with (its selective build,
+  :mod:`etmetal.testing.cortex_m_fvp`): a program calling any other operator is refused
+  as the runner refuses it, so the cases upstream expects to fail for that reason fail
+  here too (``--etmetal-cortex-m-kernels=all`` lifts this and uses every etmetal kernel);
+- reports the strict xfails that pass because the host is more capable than the device
+  (:data:`etmetal.testing.cortex_m_fvp.HOST_DIFFERENCES`, each with its reason) as a
+  named host/device difference, an XPASS that does not fail the run;
+- lists any other strict XPASS (upstream expects a failure on the FVP, the host run
+  matches the reference) in a summary section of its own; pytest still counts those as
   failures, because the marks are upstream's.
+
+``docs/cortex_m_host.md`` lists each upstream xfail and why it fails on the FVP.
 """
 
 from __future__ import annotations
@@ -34,8 +43,11 @@ from pathlib import Path
 
 import pytest
 
+from etmetal.testing import cortex_m_fvp
+
 PLUGIN_NAME = "etmetal.testing.cortex_m_host"
 OPTION = "--etmetal-cortex-m-host"
+KERNELS_OPTION = "--etmetal-cortex-m-kernels"
 
 # Packages only some model tests need; a module that cannot import one is a skip.
 OPTIONAL_PACKAGES = frozenset({"torchvision", "torchaudio", "ultralytics", "timm", "transformers"})
@@ -52,6 +64,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         dest="etmetal_cortex_m_host",
         help="run ExecuTorch's Cortex-M tester programs in etmetal's runtime instead of the FVP",
+    )
+    group.addoption(
+        KERNELS_OPTION,
+        choices=("fvp", "all"),
+        default="fvp",
+        dest="etmetal_cortex_m_kernels",
+        help="fvp (default): only the operators upstream's FVP test runner is built with; "
+        "host: every etmetal kernel",
     )
 
 
@@ -105,11 +125,19 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser, args: lis
 # ------------------------------------------------------------------ the run step
 
 
-def run_program(buffer: bytes, inputs) -> list:
-    """Run a serialized program's ``forward`` in etmetal's runtime; the outputs as a list."""
+def run_program(buffer: bytes, inputs, *, runner_kernels: bool = False) -> list:
+    """Run a serialized program's ``forward`` in etmetal's runtime; the outputs as a list.
+
+    With ``runner_kernels`` (the plugin's default, ``--etmetal-cortex-m-kernels=fvp``), a
+    program calling an operator the FVP test runner lacks raises
+    :class:`~etmetal.testing.cortex_m_fvp.RunnerKernelMissing` before it runs. Without it
+    (the backend-suite flow), every etmetal kernel is available."""
     from torch.utils._pytree import tree_flatten
 
     from etmetal.runtime import Runtime
+
+    if runner_kernels:
+        cortex_m_fvp.check_runner_kernels(cortex_m_fvp.operator_names(buffer))
 
     flat, _ = tree_flatten(inputs)
     method = Runtime.get().load_program(buffer).load_method("forward")
@@ -119,7 +147,7 @@ def run_program(buffer: bytes, inputs) -> list:
         method.destroy()
 
 
-def host_serialize_class(base: type) -> type:
+def host_serialize_class(base: type, runner_kernels: bool = True) -> type:
     """A subclass of upstream's Cortex-M ``Serialize`` stage whose run step is etmetal's."""
 
     class HostCortexMSerialize(base):
@@ -128,7 +156,7 @@ def host_serialize_class(base: type) -> type:
         def run_artifact(self, inputs):
             if self.buffer is None:
                 raise RuntimeError("the Serialize stage has not run: no program to execute")
-            return run_program(self.buffer, inputs)
+            return run_program(self.buffer, inputs, runner_kernels=runner_kernels)
 
     HostCortexMSerialize.__qualname__ = HostCortexMSerialize.__name__
     return HostCortexMSerialize
@@ -138,7 +166,7 @@ class _Patch:
     """Swaps the tester module's ``CortexMSerialize`` (``CortexMTester`` looks the name up
     when it builds its stages) and puts it back at the end of the session."""
 
-    def __init__(self) -> None:
+    def __init__(self, runner_kernels: bool = True) -> None:
         import importlib
 
         try:
@@ -149,7 +177,7 @@ class _Patch:
                 f"imported: {exc}. It needs the Arm TOSA serializer: pip install 'etmetal[cortex-m]'"
             ) from exc
         self.original = self.module.CortexMSerialize
-        self.module.CortexMSerialize = host_serialize_class(self.original)
+        self.module.CortexMSerialize = host_serialize_class(self.original, runner_kernels)
 
     def undo(self) -> None:
         self.module.CortexMSerialize = self.original
@@ -192,22 +220,50 @@ def pytest_make_collect_report(collector: pytest.Collector):
 
 class HostSession:
     """The active plugin's per-session part (registered only when the plugin is asked for):
-    the patched run step, and the strict XPASS cases for the summary."""
+    the patched run step, and what the summary lists (strict XPASS cases, named host/device
+    differences, programs the FVP runner's kernel set refuses)."""
 
-    def __init__(self) -> None:
-        self.patch = _Patch()
+    def __init__(self, runner_kernels: bool = True) -> None:
+        self.runner_kernels = runner_kernels
+        self.patch = _Patch(runner_kernels)
         self.strict_xpass: list[tuple[str, str]] = []
+        self.differences: list[tuple[str, str]] = []
+        self.refused: list[tuple[str, str]] = []
 
     def pytest_report_header(self) -> str:
-        return "etmetal: Cortex-M tester programs run in etmetal's runtime (no FVP)"
+        kernels = (
+            "the FVP test runner's kernel set" if self.runner_kernels else "every etmetal kernel"
+        )
+        return f"etmetal: Cortex-M tester programs run in etmetal's runtime (no FVP), {kernels}"
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: sees pytest's xfail verdict
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        report = outcome.get_result()
+        text = report.longrepr if isinstance(report.longrepr, str) else ""
+        if report.when != "call" or not (report.failed and text.startswith(_STRICT_XPASS_PREFIX)):
+            return
+        if cortex_m_fvp.host_difference(report.nodeid) is not None:
+            # what pytest reports for a non-strict xfail that passes: an XPASS, not a failure
+            report.outcome = "passed"
+            report.wasxfail = text[len(_STRICT_XPASS_PREFIX) :].strip()
+            report.longrepr = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # runs in the controller for xdist workers' reports too
-        if report.when != "call" or not report.failed:
+        # runs in the controller for xdist workers' reports too, so it reads reports only
+        if report.when != "call":
             return
         text = report.longrepr if isinstance(report.longrepr, str) else ""
-        if text.startswith(_STRICT_XPASS_PREFIX):
+        if report.failed and text.startswith(_STRICT_XPASS_PREFIX):
             self.strict_xpass.append((report.nodeid, text[len(_STRICT_XPASS_PREFIX) :].strip()))
+        elif report.passed and hasattr(report, "wasxfail"):
+            diff = cortex_m_fvp.host_difference(report.nodeid)
+            if diff is not None:
+                self.differences.append((report.nodeid, diff.reason))
+        elif report.skipped and hasattr(report, "wasxfail"):
+            refused = cortex_m_fvp.RunnerKernelMissing.__name__ in str(report.longrepr)
+            if refused:
+                self.refused.append((report.nodeid, report.wasxfail))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         stats = terminalreporter.stats
@@ -223,6 +279,20 @@ class HostSession:
             + ", ".join(f"{n} {k}" for k, n in counts.items())
             + " (failed excludes strict XPASS)"
         )
+        if self.refused:
+            write(
+                "refused as the FVP test runner refuses them (an operator outside its kernel "
+                "set; upstream expects these to fail):"
+            )
+            for nodeid, _ in self.refused:
+                write(f"  {nodeid}")
+        if self.differences:
+            write(
+                "host/device differences (upstream expects a failure on the FVP; the host is "
+                "more capable, so the case passes and does not fail the run):"
+            )
+            for nodeid, reason in self.differences:
+                write(f"  {nodeid}  [{reason}]")
         if self.strict_xpass:
             write(
                 "strict XPASS (upstream marks these xfail(strict=True) for the FVP; the host "
@@ -237,7 +307,8 @@ class HostSession:
 
 def pytest_configure(config: pytest.Config) -> None:
     if _requested(config.option) and not config.pluginmanager.has_plugin(_SESSION_NAME):
-        config.pluginmanager.register(HostSession(), _SESSION_NAME)
+        runner_kernels = config.getoption("etmetal_cortex_m_kernels", "fvp") == "fvp"
+        config.pluginmanager.register(HostSession(runner_kernels), _SESSION_NAME)
 
 
 _SESSION_NAME = "etmetal-cortex-m-host-session"

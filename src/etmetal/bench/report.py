@@ -170,6 +170,35 @@ def _metal(rows: list[dict], lines: list[str]) -> None:
         lines += ["", f"The same ratio from each arm's best sample instead of its median: {best}."]
 
 
+def _imports(rows: list[dict], lines: list[str]) -> None:
+    """Wall and CPU seconds per module, one fresh interpreter per sample."""
+    by_case = {r["case"]: r for r in rows}
+    wall, cpu = by_case["wall"], by_case["cpu"]
+    limits = wall["extra"]["target_s_at_most"]
+    lines += [
+        '`python -c "import MODULE"` in a fresh interpreter, the modules in turns, median '
+        f"of {max(wall['samples'].values())} runs each. CPU is user + system time of the "
+        "child; wall above CPU is time spent waiting for a core on this shared machine.",
+        "",
+        "| module | wall | CPU | wall / torch | target | |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, us in wall["median_us"].items():
+        ratio = wall["ratios"].get(f"{m}/torch")
+        limit = limits.get(m)
+        verdict = ""
+        if limit is not None:
+            verdict = (
+                f"wall {_verdict(wall['extra']['met_s'][m])}, "
+                f"CPU {_verdict(cpu['extra']['met_s'][m])}"
+            )
+        lines.append(
+            f"| {m} | {us / 1e6:.2f} s | {cpu['median_us'][m] / 1e6:.2f} s | "
+            f"{'' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'' if limit is None else f'< {limit} s'} | {verdict} |"
+        )
+
+
 def targets(result: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     """(what, measured, target, met) for every target the suites measured."""
     out = []
@@ -252,6 +281,7 @@ _TITLES = {
     "overhead": "Shim-call overhead and copy bandwidth",
     "lowering": "AOTI lowering time, cold vs cached",
     "metal": "Emulated Metal device (`mps_emulated`): launch overhead, kernels, emulated/host",
+    "imports": "Import time in a fresh interpreter (issue 23)",
 }
 
 
@@ -263,6 +293,8 @@ def _section(name: str, doc: dict[str, Any], command: str, when: str = "") -> li
         _overhead(rows, lines)
     elif name == "metal":
         _metal(rows, lines)
+    elif name == "imports":
+        _imports(rows, lines)
     else:
         _ratio_table(rows, lines)
         if name == "runtime":

@@ -1,8 +1,8 @@
-"""``etmetal bench shims`` runs end to end (numbers are reported, never asserted)."""
+"""The measuring code of ``etmetal bench shims`` (numbers are reported, never asserted)."""
 
 from __future__ import annotations
 
-from etmetal.scripts import bench_shims
+from etmetal.bench import shims as bench_shims
 
 
 def test_native_driver_reaches_every_pattern():
