@@ -224,32 +224,37 @@ def aoti_torch_mps_memcpy(ctx, buffer, constant_offset, bytes_read, data_size, c
     """Copy constant bytes ``constants_start[bytes_read:+data_size]`` to ``buffer+constant_offset``."""
     if not buffer or not constants_start:
         raise ShimError("buffer or constants_start is NULL")
-    for value, what in ((constant_offset, "constant_offset"), (bytes_read, "bytes_read")):
-        _check_size(value, what)
-    _check_size(data_size, "data_size")
-    if data_size == 0:
-        return
-    dst = buffer + constant_offset
-    _buffer_span(ctx, dst, data_size, "aoti_torch_mps_memcpy destination")
-    src = constants_start + bytes_read
-    _source_span(ctx, src, data_size, "aoti_torch_mps_memcpy source (constants_start+bytes_read)")
-    ctypes.memmove(dst, src, data_size)
+    _checked_copy(
+        ctx,
+        "aoti_torch_mps_memcpy",
+        (buffer, constant_offset, "constant_offset"),
+        (constants_start, bytes_read, "bytes_read"),
+        data_size,
+    )
 
 
 @shim
 def aoti_torch_mps_copy_buffer(ctx, src_buffer, dst_buffer, data_size, src_offset, dst_offset):
     if not src_buffer or not dst_buffer:
         raise ShimError("src_buffer or dst_buffer is NULL")
-    for value, what in (
-        (data_size, "data_size"),
-        (src_offset, "src_offset"),
-        (dst_offset, "dst_offset"),
-    ):
+    _checked_copy(
+        ctx,
+        "aoti_torch_mps_copy_buffer",
+        (dst_buffer, dst_offset, "dst_offset"),
+        (src_buffer, src_offset, "src_offset"),
+        data_size,
+    )
+
+
+def _checked_copy(ctx, shim_name: str, dst: tuple, src: tuple, nbytes: int) -> None:
+    """Copy ``nbytes`` from ``src`` to ``dst`` (each ``(base, offset, offset's name)``) once
+    every size is sane, the destination lies in one malloc'd buffer and the source in memory
+    the device knows; nothing is written otherwise."""
+    (dst_base, dst_off, dst_what), (src_base, src_off, src_what) = dst, src
+    for value, what in ((dst_off, dst_what), (src_off, src_what), (nbytes, "data_size")):
         _check_size(value, what)
-    if data_size == 0:
+    if nbytes == 0:
         return
-    dst = dst_buffer + dst_offset
-    _buffer_span(ctx, dst, data_size, "aoti_torch_mps_copy_buffer destination")
-    src = src_buffer + src_offset
-    _source_span(ctx, src, data_size, "aoti_torch_mps_copy_buffer source")
-    ctypes.memmove(dst, src, data_size)
+    _buffer_span(ctx, dst_base + dst_off, nbytes, f"{shim_name} destination")
+    _source_span(ctx, src_base + src_off, nbytes, f"{shim_name} source (+{src_what})")
+    ctypes.memmove(dst_base + dst_off, src_base + src_off, nbytes)
