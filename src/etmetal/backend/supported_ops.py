@@ -352,8 +352,10 @@ class TargetCapabilities:
             stack.enter_context(enable_python_dispatcher())
             if self.device == METAL_DEVICE:  # what a macOS torch decomposes differently on mps
                 from .mps_decompositions import MacMpsDecompositions
+                from .mps_fake_impls import cpu_stand_ins
 
                 stack.enter_context(MacMpsDecompositions())
+                stack.enter_context(cpu_stand_ins())  # fake kernels that need an MPS build
             gm = make_fx(
                 run,
                 decomposition_table=self._decomps,
