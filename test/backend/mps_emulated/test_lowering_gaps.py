@@ -187,4 +187,5 @@ def test_scans_stay_out_for_a_macs_runtime():
     inputs = (torch.ones(1, 5, dtype=torch.int64),)
     _, partitioner = _lower(PositionIds().eval(), inputs, runtime=None)
     reasons = partitioner.reports[-1].reasons()
-    assert "aoti_torch_mps_cumsum" in reasons.get("aten.cumsum.default", ""), reasons
+    reason = reasons.get("aten.cumsum.default", "")
+    assert "aoti_torch_mps_cumsum" in reason and "runtime='etmetal'" in reason, reasons
