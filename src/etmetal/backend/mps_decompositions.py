@@ -63,13 +63,22 @@ def with_overload_packets(
     Code that calls the packet (Inductor's attention-fusion replacements call
     ``aten.scaled_dot_product_attention(...)``) reaches ``__torch_function__`` with the
     packet, not ``.default``; without it the call falls through to the Linux composite.
-    A packet stands for all its overloads, so it maps to the decomposition of the one
-    overload the table names; an explicit packet entry wins.
+    A packet stands for all its overloads, so it maps to the decomposition its overloads
+    share; overloads of one packet with different decompositions need an explicit packet
+    entry (which always wins), else this raises rather than pick one.
     """
     packets: dict[Any, Callable[..., Any]] = {}
     for key, decomposition in table.items():
-        if isinstance(key, torch._ops.OpOverload):
-            packets.setdefault(key.overloadpacket, decomposition)
+        if not isinstance(key, torch._ops.OpOverload):
+            continue
+        packet = key.overloadpacket
+        if packet in table:
+            continue
+        if packets.setdefault(packet, decomposition) is not decomposition:
+            raise ValueError(
+                f"the overloads of {packet} have different decompositions: give the packet "
+                "its own entry (a call through it cannot tell which overload it means)"
+            )
     return {**packets, **table}
 
 

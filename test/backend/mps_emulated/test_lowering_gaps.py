@@ -18,7 +18,11 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from etmetal.backend.metal_partitioner import MetalPartitioner
-from etmetal.backend.mps_decompositions import MAC_MPS_DECOMPOSITIONS, MacMpsDecompositions
+from etmetal.backend.mps_decompositions import (
+    MAC_MPS_DECOMPOSITIONS,
+    MacMpsDecompositions,
+    with_overload_packets,
+)
 from etmetal.backend.mps_fake_impls import NO_MPS_BUILD, cpu_stand_ins, is_functional
 from etmetal.common.targets import METAL_DEVICE, MPS_EMULATED
 from etmetal.layout.config import backend_config
@@ -70,6 +74,21 @@ def test_every_decomposed_overload_is_also_matched_by_its_packet():
     assert overloads
     for op in overloads:
         assert MAC_MPS_DECOMPOSITIONS[op.overloadpacket] is MAC_MPS_DECOMPOSITIONS[op]
+
+
+def test_packets_are_derived_for_new_entries_and_never_guessed():
+    def first(*a, **k):
+        return NotImplemented
+
+    def second(*a, **k):
+        return NotImplemented
+
+    table = with_overload_packets({aten.add.Tensor: first, aten.cumsum.default: first})
+    assert table[aten.add] is first and table[aten.cumsum] is first
+    explicit = with_overload_packets({aten.add.Tensor: first, aten.add: second})
+    assert explicit[aten.add] is second
+    with pytest.raises(ValueError, match="aten.add"):
+        with_overload_packets({aten.add.Tensor: first, aten.add.Scalar: second})
 
 
 def test_a_packet_call_on_fake_mps_becomes_the_metal_math_fallback():
