@@ -18,6 +18,7 @@ from etmetal.common.fallback_table import (
     PROXY_EXECUTOR_SHIM,
     RUNTIMES,
     all_fallback_shims,
+    etmetal_fallback_shims,
     fallback_shims,
     runtime_shims,
 )
@@ -64,6 +65,24 @@ def test_every_table_entry_is_a_shim_torch_declares(target):
     device, _ = FALLBACKS[target]
     custom = {s.symbol(device) for s in CUSTOM_OP_SHIMS}
     assert sorted(fallback_shims(target) - _declared(device) - custom) == []
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_etmetal_runtime_fallback_is_a_shim_torch_declares(target):
+    # the bridge builds each trampoline from torch's declaration of that symbol
+    device, _ = FALLBACKS[target]
+    extra = etmetal_fallback_shims(target)
+    assert sorted(extra - _declared(device)) == []
+    assert extra <= runtime_shims(target, "etmetal")
+    # the target's own runtime does not get them
+    assert not extra & runtime_shims(target, "upstream")
+
+
+def test_the_emulated_device_adds_every_scan_for_the_etmetal_runtime():
+    # Inductor's mps code has no scan kernels: each scan lowering falls back to its C shim
+    scans = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
+    assert {f"aoti_torch_mps_{op}" for op in scans} <= etmetal_fallback_shims("mps_emulated")
+    assert not {f"aoti_torch_mps_{op}" for op in scans} & runtime_shims("mps_emulated", "upstream")
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -16,12 +16,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 class Lowered:
-    """One module lowered with ``MetalPartitioner(target="host")``: the ``.pte`` and its ops."""
+    """One module lowered with ``MetalPartitioner(target="host")`` (or the ``target`` the
+    lower kwargs name): the ``.pte`` and its ops."""
 
     def __init__(self, module: torch.nn.Module, inputs: tuple, **kwargs) -> None:
         self.module = module.eval()
         self.inputs = inputs
-        program, self.partitioner = lower(module, inputs, target="host", **kwargs)
+        program, self.partitioner = lower(module, inputs, **{"target": "host", **kwargs})
         self.pte: bytes = program.buffer
 
     def execute(self, inputs) -> list[torch.Tensor]:

@@ -55,10 +55,39 @@ def sdpa_as_on_a_mac(
     return out[0]
 
 
-MAC_MPS_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
-    aten.scaled_dot_product_attention.default: sdpa_as_on_a_mac,
-    torch.nn.functional.scaled_dot_product_attention: sdpa_as_on_a_mac,
-}
+def with_overload_packets(
+    table: dict[Any, Callable[..., Any]],
+) -> dict[Any, Callable[..., Any]]:
+    """``table`` plus, for each ``OpOverload`` key, its overload packet (``aten.op``).
+
+    Code that calls the packet (Inductor's attention-fusion replacements call
+    ``aten.scaled_dot_product_attention(...)``) reaches ``__torch_function__`` with the
+    packet, not ``.default``; without it the call falls through to the Linux composite.
+    A packet stands for all its overloads, so it maps to the decomposition its overloads
+    share; overloads of one packet with different decompositions need an explicit packet
+    entry (which always wins), else this raises rather than pick one.
+    """
+    packets: dict[Any, Callable[..., Any]] = {}
+    for key, decomposition in table.items():
+        if not isinstance(key, torch._ops.OpOverload):
+            continue
+        packet = key.overloadpacket
+        if packet in table:
+            continue
+        if packets.setdefault(packet, decomposition) is not decomposition:
+            raise ValueError(
+                f"the overloads of {packet} have different decompositions: give the packet "
+                "its own entry (a call through it cannot tell which overload it means)"
+            )
+    return {**packets, **table}
+
+
+MAC_MPS_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = with_overload_packets(
+    {
+        aten.scaled_dot_product_attention.default: sdpa_as_on_a_mac,
+        torch.nn.functional.scaled_dot_product_attention: sdpa_as_on_a_mac,
+    }
+)
 
 
 class MacMpsDecompositions(TorchFunctionMode):

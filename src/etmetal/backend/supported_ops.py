@@ -25,8 +25,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from etmetal.backend.passes.replace_view_copy_with_view_pass import VIEW_OF_COPY
 from etmetal.common.fallback_table import (
+    ETMETAL_RUNTIME,
     FALLBACKS,
     PROXY_EXECUTOR_SHIM,
+    etmetal_fallback_shims,
     fallback_shims,
     runtime_shims,
 )
@@ -280,10 +282,17 @@ class TargetCapabilities:
                 kernels.append(f"proxy executor: {inner}")
                 continue
             if shim not in self.runtime_shims:
+                # the emulated device's extra fallbacks: say how to get them
+                hint = (
+                    " (etmetal's runtime provides it: runtime='etmetal')"
+                    if shim in etmetal_fallback_shims(self.target)
+                    and self.runtime != ETMETAL_RUNTIME
+                    else ""
+                )
                 return OpVerdict(
                     False,
                     f"Inductor would call fallback {shim} for {inner}{via}, which the "
-                    f"{self.target} runtime does not provide",
+                    f"{self.target} runtime does not provide{hint}",
                     (shim,),
                 )
             kernels.append(shim)
@@ -352,8 +361,10 @@ class TargetCapabilities:
             stack.enter_context(enable_python_dispatcher())
             if self.device == METAL_DEVICE:  # what a macOS torch decomposes differently on mps
                 from .mps_decompositions import MacMpsDecompositions
+                from .mps_fake_impls import cpu_stand_ins
 
                 stack.enter_context(MacMpsDecompositions())
+                stack.enter_context(cpu_stand_ins())  # fake kernels that need an MPS build
             gm = make_fx(
                 run,
                 decomposition_table=self._decomps,

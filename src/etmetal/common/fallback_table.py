@@ -7,8 +7,10 @@ every fallback it may take is listed here for the target, and etmetal's shim reg
 implements exactly the fallbacks listed here, so the two cannot drift apart.
 
 ``host`` runs on etmetal's shims (CPU ATen); ``mps`` lists what ExecuTorch's Metal
-runtime implements (etmetal's shims serve those names too). The rows come from the target
-records (``common.targets``): adding a target is one record there.
+runtime implements (etmetal's shims serve those names too). A target may list fallbacks
+that only etmetal's runtime adds (the emulated Metal device's scans): a program lowered with
+``runtime="etmetal"`` may call them, one for the target's own runtime may not. The rows
+come from the target records (``common.targets``): adding a target is one record there.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from .targets import ETMETAL_RUNTIME, RUNTIMES, TARGETS, UPSTREAM_RUNTIME, Metal
 
 __all__ = [
     "DEFAULT_RUNTIME",
+    "ETMETAL_FALLBACKS",
     "ETMETAL_RUNTIME",
     "FALLBACKS",
     "PROXY_EXECUTOR_SHIM",
     "RUNTIMES",
     "UPSTREAM_RUNTIME",
     "all_fallback_shims",
+    "etmetal_fallback_shims",
     "fallback_shims",
     "runtime_shims",
     "shim_name",
@@ -49,9 +53,23 @@ def fallback_shims(target: MetalTarget | str) -> frozenset[str]:
     return frozenset(shim_name(device, op) for op in ops)
 
 
+# target -> (device in the shim names, fallback ops etmetal's runtime adds for it): the
+# records' ``etmetal_fallbacks``, allowed only in programs lowered with runtime="etmetal"
+ETMETAL_FALLBACKS: dict[str, tuple[str, frozenset[str]]] = {
+    name: (t.shim_prefix, t.etmetal_fallbacks) for name, t in TARGETS.items()
+}
+
+
+def etmetal_fallback_shims(target: MetalTarget | str) -> frozenset[str]:
+    """The C symbols of the fallbacks etmetal's runtime adds to ``target``'s own."""
+    device, ops = ETMETAL_FALLBACKS[get_target(target).name]
+    return frozenset(shim_name(device, op) for op in ops)
+
+
 def all_fallback_shims() -> dict[str, str]:
-    """Every fallback symbol of any target -> its op name."""
-    return {shim_name(device, op): op for device, ops in FALLBACKS.values() for op in ops}
+    """Every fallback symbol of any target and runtime -> its op name."""
+    rows = (*FALLBACKS.values(), *ETMETAL_FALLBACKS.values())
+    return {shim_name(device, op): op for device, ops in rows for op in ops}
 
 
 # --- which runtime a program targets (``MetalPartitioner(runtime=...)``) ------------------
@@ -67,6 +85,8 @@ DEFAULT_RUNTIME = {name: t.default_runtime for name, t in TARGETS.items()}
 
 def runtime_shims(target: MetalTarget | str, runtime: str) -> frozenset[str]:
     """Every fallback symbol a ``.so`` for ``target`` may call when ``runtime`` runs it: the
-    target's row of :data:`FALLBACKS`, plus the proxy executor on etmetal's runtime."""
-    proxy = {PROXY_EXECUTOR_SHIM} if runtime == ETMETAL_RUNTIME else set()
-    return fallback_shims(target) | proxy
+    target's row of :data:`FALLBACKS`, plus, on etmetal's runtime, the proxy executor and
+    the target's row of :data:`ETMETAL_FALLBACKS`."""
+    if runtime != ETMETAL_RUNTIME:
+        return fallback_shims(target)
+    return fallback_shims(target) | etmetal_fallback_shims(target) | {PROXY_EXECUTOR_SHIM}

@@ -68,6 +68,9 @@ _HOST_FALLBACKS = _EVERYWHERE | {
     "cumprod",
     "logcumsumexp",
 }
+# every scan Inductor may leave to a C-shim fallback (``lowering.py``'s fallback_cumsum,
+# ...): Metal code generation has no scan kernels, so on mps each of them is a fallback
+_SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"})
 # what ExecuTorch's Metal runtime implements (etmetal's shims serve those names too)
 _METAL_FALLBACKS = _EVERYWHERE | {
     "_scaled_dot_product_attention_math_for_mps",
@@ -97,6 +100,9 @@ class MetalTarget:
     etmetal_runs: bool
     # the compile-spec keys a partition for it may carry
     compile_spec_keys: tuple[str, ...] = COMPILE_SPEC_KEYS
+    # fallback ops etmetal's runtime adds to ``fallbacks`` for programs lowered for it
+    # (``runtime="etmetal"``): its shims serve them, the target's own runtime does not
+    etmetal_fallbacks: frozenset[str] = frozenset()
 
     def __str__(self) -> str:
         return self.name
@@ -134,6 +140,8 @@ MPS_EMULATED = MetalTarget(
     default_runtime=UPSTREAM_RUNTIME,
     compiles_anywhere=True,
     etmetal_runs=True,
+    # a Mac's Metal runtime has no scans; etmetal's emulated device runs them on ATen
+    etmetal_fallbacks=_SCANS,
 )
 
 TARGETS: dict[str, MetalTarget] = {t.name: t for t in (HOST, MPS, MPS_EMULATED)}

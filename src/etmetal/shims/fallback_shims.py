@@ -151,6 +151,21 @@ def _scan(op, with_dtype: bool):
     return scan
 
 
+def _scan_with_indices(op):
+    """``cummax`` / ``cummin``: the running extreme and the index it was found at."""
+
+    def scan(ctx, self, dim, ret0, ret1, *, device):
+        need_out((ret0, "ret0"), (ret1, "ret1"))
+        x = _in(ctx, self, "self")
+        if x.dim() and not -x.dim() <= dim < x.dim():
+            raise ShimError(f"{op.__name__}: dim {dim} out of range for a {x.dim()}-d tensor")
+        values, indices = op(x, dim)
+        _ret(ctx, ret0, values, "ret0", device)
+        _ret(ctx, ret1, indices, "ret1", device)
+
+    return scan
+
+
 def convolution(
     ctx,
     input,
@@ -385,6 +400,8 @@ IMPLEMENTATIONS = {
     "cumsum": _scan(torch.cumsum, with_dtype=True),
     "cumprod": _scan(torch.cumprod, with_dtype=True),
     "logcumsumexp": _scan(torch.logcumsumexp, with_dtype=False),
+    "cummax": _scan_with_indices(torch.cummax),
+    "cummin": _scan_with_indices(torch.cummin),
     "_scaled_dot_product_flash_attention_for_cpu": sdpa_flash_for_cpu,
     "_scaled_dot_product_attention_math_for_mps": sdpa_math_for_mps,
     "_scaled_dot_product_attention_math_for_mps_v2": sdpa_math_for_mps_v2,

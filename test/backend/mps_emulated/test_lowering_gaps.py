@@ -1,0 +1,210 @@
+"""The emulated Metal target's lowering gaps of issue #27, each on a minimal module lowered
+for ``mps_emulated`` and run by etmetal's runtime against eager PyTorch:
+
+- an unmasked eager attention (``matmul(q, k^T) * scale -> softmax -> matmul(v)``), which
+  Inductor's attention fusion rewrites into a call of the ``scaled_dot_product_attention``
+  overload packet;
+- a conv1d over a transposed (non-contiguous) input, whose fake kernel needs an MPS build;
+- the scans (``cumsum``, ...), which etmetal's runtime serves as ``aoti_torch_mps_*``
+  fallbacks in programs lowered with ``runtime="etmetal"``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from etmetal.backend.metal_partitioner import MetalPartitioner
+from etmetal.backend.mps_decompositions import (
+    MAC_MPS_DECOMPOSITIONS,
+    MacMpsDecompositions,
+    with_overload_packets,
+)
+from etmetal.backend.mps_fake_impls import NO_MPS_BUILD, cpu_stand_ins, is_functional
+from etmetal.common.targets import METAL_DEVICE, MPS_EMULATED
+from etmetal.layout.config import backend_config
+from etmetal.runtime import Runtime
+
+aten = torch.ops.aten
+TARGET = MPS_EMULATED.name
+
+
+# cumsum is core ATen; the others reach a backend only when the user keeps them
+_NOT_CORE = [aten.cumprod.default, aten.logcumsumexp.default, aten.cummax.default]
+_NOT_CORE.append(aten.cummin.default)
+
+
+def _lower(module: nn.Module, inputs: tuple, runtime: str | None = "etmetal"):
+    partitioner = MetalPartitioner(target=TARGET, runtime=runtime)
+    with torch.no_grad():
+        ep = torch.export.export(module, inputs)
+    config = EdgeCompileConfig(_core_aten_ops_exception_list=_NOT_CORE)
+    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], compile_config=config)
+    return edge.to_executorch(backend_config()), partitioner
+
+
+def _execute(pte: bytes, inputs: tuple) -> list[torch.Tensor]:
+    method = Runtime.get().load_program(pte, trust_native_code=True).load_method("forward")
+    try:
+        return method.execute(list(inputs))
+    finally:
+        method.destroy()
+
+
+def _eager(module: nn.Module, inputs: tuple) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = module(*inputs)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+# -- 1. attention through the overload packet ------------------------------------------
+class EagerAttention(nn.Module):
+    """HF's ``eager`` attention without a mask, as speech and vision encoders write it."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        weights = torch.matmul(q, k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+        return torch.matmul(weights.softmax(dim=-1), v)
+
+
+def test_every_decomposed_overload_is_also_matched_by_its_packet():
+    overloads = [k for k in MAC_MPS_DECOMPOSITIONS if isinstance(k, torch._ops.OpOverload)]
+    assert overloads
+    for op in overloads:
+        assert MAC_MPS_DECOMPOSITIONS[op.overloadpacket] is MAC_MPS_DECOMPOSITIONS[op]
+
+
+def test_packets_are_derived_for_new_entries_and_never_guessed():
+    def first(*a, **k):
+        return NotImplemented
+
+    def second(*a, **k):
+        return NotImplemented
+
+    table = with_overload_packets({aten.add.Tensor: first, aten.cumsum.default: first})
+    assert table[aten.add] is first and table[aten.cumsum] is first
+    explicit = with_overload_packets({aten.add.Tensor: first, aten.add: second})
+    assert explicit[aten.add] is second
+    with pytest.raises(ValueError, match="aten.add"):
+        with_overload_packets({aten.add.Tensor: first, aten.add.Scalar: second})
+
+
+def test_a_packet_call_on_fake_mps_becomes_the_metal_math_fallback():
+    # what Inductor's fuse_attention replacement does: aten.scaled_dot_product_attention(...)
+    with FakeTensorMode(), MacMpsDecompositions():
+        q = torch.empty(1, 2, 6, 8, device=METAL_DEVICE)
+        out = aten.scaled_dot_product_attention(q, q, q, scale=0.5)
+    assert out.shape == (1, 2, 6, 8) and out.device.type == METAL_DEVICE
+
+
+def test_unmasked_eager_attention_lowers_and_matches_eager():
+    gen = torch.Generator().manual_seed(0)
+    inputs = tuple(torch.randn(1, 2, 6, 8, generator=gen) for _ in range(3))
+    module = EagerAttention().eval()
+    program, partitioner = _lower(module, inputs)
+    report = partitioner.reports[-1]
+    assert not report.kept_out and len(report.partitions) == 1, report.text()
+    (got,) = _execute(program.buffer, inputs)
+    torch.testing.assert_close(got, _eager(module, inputs)[0], atol=1e-5, rtol=1e-5)
+
+
+# -- 2. conv1d over a transposed input ----------------------------------------------------
+class TransposedConv1d(nn.Module):
+    """A speech model's positional conv: (batch, time, channels) -> conv over time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, kernel_size=5, padding=2, groups=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.transpose(1, 2)).transpose(1, 2)
+
+
+def _fake_conv1d_of_a_transposed_input(mode: FakeTensorMode, device: str) -> torch.Tensor:
+    with mode:
+        x = torch.empty(2, 10, 8, device=device).transpose(1, 2)
+        w = torch.empty(8, 4, 5, device=device)
+        return aten.convolution.default(x, w, None, [1], [2], [1], False, [0], 2)
+
+
+def test_the_fake_conv_needs_an_mps_build_without_the_stand_ins():
+    if torch.backends.mps.is_built():
+        pytest.skip("a macOS build runs the fake conv on mps itself")
+    with pytest.raises(RuntimeError, match=NO_MPS_BUILD):
+        _fake_conv1d_of_a_transposed_input(FakeTensorMode(), METAL_DEVICE)
+
+
+def test_cpu_stand_ins_give_the_fake_conv_the_cpu_geometry_on_mps():
+    want = _fake_conv1d_of_a_transposed_input(FakeTensorMode(), "cpu")
+    with cpu_stand_ins():
+        got = _fake_conv1d_of_a_transposed_input(FakeTensorMode(), METAL_DEVICE)
+    assert got.device.type == METAL_DEVICE
+    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+
+
+def test_cpu_stand_ins_are_only_for_functional_ops_and_are_undone():
+    from torch._subclasses import fake_impls
+
+    assert is_functional(aten.convolution.default)
+    assert not is_functional(aten.copy_.default) and not is_functional(aten.view.default)
+    before = dict(fake_impls.op_implementations_dict)
+    with cpu_stand_ins():
+        table = fake_impls.op_implementations_dict
+        assert table[aten.copy_.default] is before[aten.copy_.default]
+        assert table[aten.convolution.default] is not before[aten.convolution.default]
+    assert fake_impls.op_implementations_dict == before
+
+
+def test_conv1d_over_a_transposed_input_lowers_and_matches_eager():
+    torch.manual_seed(0)
+    module = TransposedConv1d().eval()
+    inputs = (torch.randn(2, 10, 8),)
+    program, partitioner = _lower(module, inputs)
+    report = partitioner.reports[-1]
+    assert not report.kept_out and len(report.partitions) == 1, report.text()
+    (got,) = _execute(program.buffer, inputs)
+    torch.testing.assert_close(got, _eager(module, inputs)[0], atol=1e-5, rtol=1e-5)
+
+
+# -- 3. scans as emulated fallbacks -------------------------------------------------------
+class Scans(nn.Module):
+    """Every scan Inductor leaves to a C-shim fallback on mps."""
+
+    def forward(self, mask: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        top, top_at = x.cummax(-1)
+        low, low_at = x.cummin(0)
+        return mask.cumsum(-1), x.cumprod(-1), x.logcumsumexp(-1), top, top_at, low, low_at
+
+
+def test_scans_run_as_emulated_fallbacks_on_the_etmetal_runtime():
+    gen = torch.Generator().manual_seed(0)
+    inputs = (torch.randint(0, 2, (2, 7), generator=gen), torch.randn(3, 7, generator=gen))
+    module = Scans().eval()
+    program, partitioner = _lower(module, inputs)
+    report = partitioner.reports[-1]
+    assert not report.kept_out and len(report.partitions) == 1, report.text()
+    fallbacks = set(report.partitions[0].fallbacks)
+    for op in ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"):
+        assert f"aoti_torch_mps_{op}" in fallbacks, report.text()
+    got = _execute(program.buffer, inputs)
+    want = _eager(module, inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+class PositionIds(nn.Module):
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        return mask.cumsum(-1)
+
+
+def test_scans_stay_out_for_a_macs_runtime():
+    # a Mac's Metal runtime has no aoti_torch_mps_cumsum: the default runtime keeps it out
+    inputs = (torch.ones(1, 5, dtype=torch.int64),)
+    _, partitioner = _lower(PositionIds().eval(), inputs, runtime=None)
+    reasons = partitioner.reports[-1].reasons()
+    reason = reasons.get("aten.cumsum.default", "")
+    assert "aoti_torch_mps_cumsum" in reason and "runtime='etmetal'" in reason, reasons
