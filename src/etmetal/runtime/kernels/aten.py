@@ -1,4 +1,8 @@
-"""Portable kernels: any operator torch knows, called through its ``torch.ops`` overload.
+"""Portable kernels: an operator of the kernel table, called through its ``torch.ops`` overload.
+
+Only names the closed table holds (:mod:`.table`) or a user allowed explicitly
+(``allow_torch_operator``) get here; the registry never builds a kernel for a name the
+program alone chose.
 
 An ExecuTorch program names out variants (``aten::add.out``); the instruction holds the
 schema's arguments in order, so the kernel passes positional arguments positionally and
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import Kernel, register_resolver, torch_op
+from .registry import Kernel, torch_op
 
 
 def _store(result: object, outs: tuple) -> object:
@@ -51,13 +55,11 @@ def make_kernel(op: torch._ops.OpOverload) -> Kernel:
     return kernel
 
 
-def resolve(name: str) -> Kernel | None:
+def torch_kernel(name: str) -> Kernel | None:
+    """The kernel calling torch's overload ``name``; None when torch has none."""
     op = torch_op(name)
     if op is None:
         return None
     # Out variants return their out argument; the runtime ignores it (the return slot
     # is the same value as the out argument), so nothing is converted back.
     return make_kernel(op)
-
-
-register_resolver(resolve)
