@@ -1,4 +1,4 @@
-"""``etmetal bench fuzz --cases N``: the seeded fuzz campaign of :mod:`etmetal.testing.fuzz`
+"""``etmetal bench fuzz --cases N [--family operators]``: the seeded fuzz campaign of :mod:`etmetal.testing.fuzz`
 over Metal-delegated programs; prints its outcome counts and the bad cases."""
 
 from __future__ import annotations
@@ -14,13 +14,21 @@ from etmetal.testing.fuzz import build_seeds, run_campaign, summary
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", type=int, default=2000, help="cases to run (default 2000)")
     parser.add_argument("--seed", type=int, default=2026, help="campaign seed")
+    parser.add_argument(
+        "--family",
+        choices=("delegate", "operators"),
+        default="delegate",
+        help="delegate: mutated delegated programs and shim calls; operators: operator "
+        "tables naming random registered and unregistered operators",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="etmetal-fuzz-") as tmp:
-        seeds = build_seeds(Path(tmp))
+        # the operators family edits its own x + 1 program: no delegated seeds to build
+        seeds = build_seeds(Path(tmp)) if args.family == "delegate" else Path(tmp)
         start = time.perf_counter()
-        counts, bad = run_campaign(seeds, args.cases, args.seed)
+        counts, bad = run_campaign(seeds, args.cases, args.seed, family=args.family)
         elapsed = time.perf_counter() - start
     print(summary(counts) + f" ({elapsed:.1f} s)")
     for line in bad[:20]:
