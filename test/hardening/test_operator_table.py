@@ -125,3 +125,33 @@ def test_isolated_delegated_program_refuses_its_portable_from_file(demos, tmp_pa
     with pytest.raises(MissingKernelError, match="aten::from_file"):
         program.load_method("forward")
     assert not target.exists()
+
+
+def test_enum_codes_out_of_range_are_errors_not_crashes(tmp_path):
+    # torch casts an int passed for a dtype / memory format without a range check (the
+    # process dies); etmetal's kernels convert the codes first. In a subprocess, so a
+    # crash shows as a signal.
+    script = tmp_path / "enums.py"
+    script.write_text(
+        "import torch\n"
+        "from etmetal.runtime.kernels import registry\n"
+        "x, out = torch.randn(2, 3), torch.empty(2, 3)\n"
+        "for name, args in [('aten::_to_copy.out', (x, False, 4, out)),\n"
+        "                   ('aten::clone.out', (x, -1, out)),\n"
+        "                   ('aten::full.out', ([2], 1.0, out))]:\n"
+        "    try:\n"
+        "        registry.lookup(name)(*args)\n"
+        "        print(name, 'ran')\n"
+        "    except Exception as exc:\n"
+        "        print(name, type(exc).__name__, exc)\n"
+        "registry.lookup('aten::_to_copy.out')(x, False, 1, out)\n"
+        "print('valid code ran', torch.equal(out, x))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert "aten::_to_copy.out ValueError 4 is not a valid MemoryFormat code" in lines[0]
+    assert "aten::clone.out ValueError -1 is not a valid MemoryFormat code" in lines[1]
+    assert lines[2] == "aten::full.out ran" and lines[3] == "valid code ran True"

@@ -124,8 +124,8 @@ def _resolve(target: object, where: str) -> torch._ops.OpOverload:
     if not isinstance(target, str):
         raise ExternNodeError(f"{where}: target {target!r} is not a string")
     namespace, sep, rest = target.partition("::")
-    name, _, overload = rest.partition(".")
-    parts = (namespace, name) + ((overload,) if overload else ())
+    name, dot, overload = rest.partition(".")
+    parts = (namespace, name) + ((overload,) if dot else ())  # "op." has an empty overload
     # identifiers only, and no dunders: the name is looked up as attributes of torch.ops
     if not sep or not all(p.isidentifier() and not p.startswith("__") for p in parts):
         raise ExternNodeError(

@@ -98,7 +98,7 @@ def _random_values(plan: schema.ExecutionPlan, rng: random.Random, sandbox: Path
     pool = list(range(n)) + [base] * 3  # the path often
     args = [rng.choice(pool) for _ in range(rng.randint(0, 10))]
     if args and rng.random() < 0.05:
-        args[rng.randrange(len(args))] = rng.choice([n, n + 7, -1, 1 << 31])
+        args[rng.randrange(len(args))] = rng.choice([n, n + 7, -1, (1 << 31) - 1])  # int32 slots
     if rng.random() < 0.8 and args:
         args[-1] = plan.outputs[0]  # a return slot most ops take
     return args

@@ -29,11 +29,64 @@ def _store(result: object, outs: tuple) -> object:
     return None
 
 
+# torch casts an int passed for an enum argument without a range check (dtype=-1 or
+# memory_format=4 crash the process), so enum arguments are converted here, checked
+_MEMORY_FORMATS = {
+    0: torch.contiguous_format,
+    1: torch.preserve_format,
+    2: torch.channels_last,
+    3: torch.channels_last_3d,
+}
+_LAYOUTS = {0: torch.strided}  # ExecuTorch tensors are strided
+
+
+def _enum(kind: str, table: dict, value: object) -> object:
+    if value is None or isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value not in table:
+        raise ValueError(f"{value!r} is not a valid {kind} code (valid: {sorted(table)})")
+    return table[value]
+
+
+def _enum_converters(schema) -> list[tuple[int, object]]:
+    from etmetal.runtime.layout import SCALAR_TYPES
+
+    tables = {"ScalarType": SCALAR_TYPES, "MemoryFormat": _MEMORY_FORMATS, "Layout": _LAYOUTS}
+    found = []
+    for i, a in enumerate(schema.arguments):
+        # real_type keeps the enum the schema declares (``type`` erases it to int)
+        kind = str(getattr(a, "real_type", a.type)).removeprefix("Optional[").rstrip("]?")
+        if kind in tables:
+            table = tables[kind]
+            found.append((i, lambda v, kind=kind, table=table: _enum(kind, table, v)))
+    return found
+
+
 def make_kernel(op: torch._ops.OpOverload) -> Kernel:
     schema = op._schema
     n_args = len(schema.arguments)
     n_pos = sum(1 for a in schema.arguments if not a.kwarg_only)
     kw_names = tuple(a.name for a in schema.arguments if a.kwarg_only)
+    enums = _enum_converters(schema)
+    if enums:
+        return _with_enums(_make_call(op, n_args, n_pos, kw_names), enums, schema)
+    return _make_call(op, n_args, n_pos, kw_names)
+
+
+def _with_enums(call: Kernel, enums: list, schema) -> Kernel:
+    def kernel(*args):
+        args = list(args)
+        for i, convert in enums:
+            if i < len(args):
+                args[i] = convert(args[i])
+        return call(*args)
+
+    kernel.__name__ = kernel.__qualname__ = getattr(call, "__name__", "aten_kernel")
+    return kernel
+
+
+def _make_call(op: torch._ops.OpOverload, n_args: int, n_pos: int, kw_names: tuple) -> Kernel:
+    schema = op._schema
 
     if not kw_names:
 
