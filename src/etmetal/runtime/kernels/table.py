@@ -36,6 +36,8 @@ EXTRA_OPERATORS: frozenset[str] = frozenset(
     {
         "aten::_adaptive_avg_pool3d.out",  # suite: test_adaptive_avgpool3d
         "aten::adaptive_max_pool3d.out",  # suite: test_adaptive_maxpool3d
+        "aten::avg_pool3d.out",  # suite: test_avgpool3d
+        "aten::max_pool3d_with_indices.out",  # suite: test_maxpool3d
     }
 )
 
