@@ -49,6 +49,10 @@ _DENIED_ATEN = frozenset(
         "pin_memory", "_nested_view_from_buffer", "_nested_view_from_buffer_copy",
         "_nested_view_from_jagged", "_nested_view_from_jagged_copy",
         "_unsafe_set_version_counter", "_version",
+        # geometry set by the caller over the argument's memory: ATen checks it against
+        # the storage, but a view aliasing shim memory with any geometry (or an argument's
+        # geometry changed in place) is nothing a compiled .so needs from the proxy
+        "as_strided", "as_strided_",
     }
 )  # fmt: skip
 # families, by prefix: unchecked indexing/views, sparse constructors without checks
