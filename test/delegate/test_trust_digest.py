@@ -17,7 +17,7 @@ from executorch.exir._serialize._program import deserialize_pte_binary, serializ
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from etmetal.common.delegate_blobs import delegate_digest
-from etmetal.runtime import Runtime, UntrustedNativeCodeError, metal_delegate
+from etmetal.runtime import DelegateError, Runtime, UntrustedNativeCodeError, metal_delegate
 from etmetal.testing.pte_blobs import metal_delegates, named_bytes, replace_named
 
 
@@ -119,6 +119,12 @@ def test_a_table_replaced_under_the_trusted_so_is_refused_at_load(custom, tmp_pa
         for hashes in ([digest], [so_digest], [digest, so_digest]):
             with pytest.raises(UntrustedNativeCodeError):
                 _load(pte, hashes)
+    assert not target.exists()
+    # isolate mode: the worker process makes the same decision
+    for pte in (benign, hostile):
+        program = Runtime.get().load_program(pte, trusted_blob_hashes=[digest], isolate=True)
+        with pytest.raises(DelegateError, match="native code"):
+            program.load_method("forward")
     assert not target.exists()
     # trusted by its own digest, the hostile table still cannot reach from_file
     with pytest.raises(Exception, match="not on the proxy executor's allow-list"):
