@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import executorch
+import torch
 import yaml
 from executorch.runtime import Runtime as StockRuntime
 
@@ -28,6 +29,19 @@ def test_the_checked_in_list_is_what_the_stock_sources_generate():
     assert set(table.generate()) == STOCK_OPERATORS
 
 
+def test_core_aten_out_variants_are_what_torch_tags_core():
+    # independently of the generator: torch's own tag on the functional overload
+    core = table.CORE_ATEN_OUT_VARIANTS
+    assert "aten::sort.values" in core and torch.Tag.core in torch.ops.aten.sort.default.tags
+    for name in core:
+        packet = getattr(torch.ops.aten, name.split("::")[1].split(".")[0])
+        assert any(torch.Tag.core in getattr(packet, o).tags for o in packet.overloads()), name
+        assert name not in STOCK_OPERATORS
+    assert set(table.core_aten_out_variants(frozenset(STOCK_OPERATORS))) == core
+    # nothing with file, process or unchecked-memory effects is core ATen
+    assert not {"aten::from_file.out", "aten::set.source_Storage_out"} & core
+
+
 def test_names_outside_the_table_get_no_kernel_and_names_inside_do():
     assert registry.lookup("aten::add.out") is not None
     for name in (
@@ -39,4 +53,4 @@ def test_names_outside_the_table_get_no_kernel_and_names_inside_do():
         "nowhere::x.out",
     ):
         assert registry.lookup(name) is None, name  # fmt: skip
-    assert table.EXTRA_OPERATORS.isdisjoint(STOCK_OPERATORS)
+    assert table.EXTRA_OPERATORS.isdisjoint(STOCK_OPERATORS | table.CORE_ATEN_OUT_VARIANTS)

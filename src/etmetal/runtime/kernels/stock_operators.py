@@ -1,9 +1,11 @@
-"""Operator names ExecuTorch's own kernel libraries provide (generated).
+"""Operator names of the closed kernel table (generated; do not edit by hand).
 
-The stock runtime's operator registry (``executorch.runtime.Runtime.get()
-.operator_registry.operator_names``) together with the operators the kernel yaml
-files of the executorch package declare. Regenerate with
-``python -m etmetal.runtime.kernels.table --write``; do not edit by hand.
+``STOCK_OPERATORS``: the stock runtime's operator registry
+(``executorch.runtime.Runtime.get().operator_registry.operator_names``) together
+with the operators the kernel yaml files of the executorch package declare.
+``CORE_ATEN_OUT_VARIANTS``: out variants of operators torch tags ``core``, not
+already in the first set. Regenerate with
+``python -m etmetal.runtime.kernels.table --write``.
 """
 
 STOCK_OPERATORS: frozenset[str] = frozenset(
@@ -269,5 +271,45 @@ STOCK_OPERATORS: frozenset[str] = frozenset(
         "quantized_decomposed::quantize_per_tensor.Tensor_out",
         "quantized_decomposed::quantize_per_tensor.out",
         "quantized_decomposed::quantize_per_token.out",
+    }
+)
+
+CORE_ATEN_OUT_VARIANTS: frozenset[str] = frozenset(
+    {
+        "aten::_adaptive_avg_pool2d_backward.out",
+        "aten::_adaptive_avg_pool3d.out",
+        "aten::_embedding_bag.out",
+        "aten::adaptive_avg_pool1d.out",
+        "aten::addmm.dtype_out",
+        "aten::avg_pool1d.out",
+        "aten::avg_pool2d_backward.grad_input",
+        "aten::avg_pool3d.out",
+        "aten::bitwise_and.Scalar_Tensor_out",
+        "aten::bitwise_or.Scalar_Tensor_out",
+        "aten::bitwise_xor.Scalar_Tensor_out",
+        "aten::bmm.dtype_out",
+        "aten::col2im.out",
+        "aten::embedding_dense_backward.out",
+        "aten::empty_strided.out",
+        "aten::max.out",
+        "aten::max_pool3d_with_indices.out",
+        "aten::min.out",
+        "aten::mm.dtype_out",
+        "aten::native_group_norm_backward.out",
+        "aten::native_layer_norm_backward.out",
+        "aten::rand.generator_out",
+        "aten::randn.generator_out",
+        "aten::randperm.generator_out",
+        "aten::randperm.out",
+        "aten::remainder.Scalar_Tensor_out",
+        "aten::round.decimals_out",
+        "aten::scatter.reduce_out",
+        "aten::scatter.value_reduce_out",
+        "aten::scatter_reduce.two_out",
+        "aten::sort.values",
+        "aten::sort.values_stable",
+        "aten::sum.out",
+        "aten::upsample_bilinear2d.out",
+        "aten::upsample_nearest2d.out",
     }
 )

@@ -7,7 +7,12 @@ operator runs only when
 - ExecuTorch's own kernel libraries provide it (:data:`STOCK_OPERATORS`, generated from
   the stock runtime's operator registry and the kernel yaml files the executorch package
   ships; ``python -m etmetal.runtime.kernels.table --check`` compares, ``--write``
-  regenerates), or :data:`EXTRA_OPERATORS` names it on purpose;
+  regenerates);
+- it is the out variant of a Core ATen operator (:data:`CORE_ATEN_OUT_VARIANTS`,
+  generated from torch's ``core`` operator tag): the opset ExecuTorch's edge dialect is
+  defined over, pure computations into their ``out`` tensors, which a program the Metal
+  partitioner partly delegates may leave to the portable side (``sort.values``);
+- :data:`EXTRA_OPERATORS` names it on purpose;
 - a kernel is registered for it by name: etmetal's own families (``prim``,
   ``dim_order``, ``quantized``, ``view_copy``, ``max_pool``, ``cortex_m``), the
   ``executorch.runtime.kernels`` entry point, or ``register_kernel`` /
@@ -26,18 +31,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from .stock_operators import STOCK_OPERATORS
+from .stock_operators import CORE_ATEN_OUT_VARIANTS, STOCK_OPERATORS
 
-# Operators outside ExecuTorch's kernel libraries that etmetal's runtime runs through
-# torch on purpose. Each is a pure out variant over its tensor arguments; each is here
-# because ExecuTorch's backend conformance suite lowers a case to it (the stock runtime
-# fails those cases for want of a kernel, etmetal's passes them).
+# Operators outside both generated sets that etmetal's runtime runs through torch on
+# purpose: pure out variants over their tensor arguments, each here because ExecuTorch's
+# backend conformance suite lowers a case to it (the stock runtime fails that case for
+# want of a kernel, etmetal's passed it before the table was closed).
 EXTRA_OPERATORS: frozenset[str] = frozenset(
     {
-        "aten::_adaptive_avg_pool3d.out",  # suite: test_adaptive_avgpool3d
         "aten::adaptive_max_pool3d.out",  # suite: test_adaptive_maxpool3d
-        "aten::avg_pool3d.out",  # suite: test_avgpool3d
-        "aten::max_pool3d_with_indices.out",  # suite: test_maxpool3d
     }
 )
 
@@ -53,8 +55,8 @@ _GENERATED = Path(__file__).with_name("stock_operators.py")
 
 
 def in_table(name: str) -> bool:
-    """True when ExecuTorch's kernel libraries (or :data:`EXTRA_OPERATORS`) provide ``name``."""
-    return name in STOCK_OPERATORS or name in EXTRA_OPERATORS
+    """True when the table holds ``name`` without anyone registering a kernel for it."""
+    return name in STOCK_OPERATORS or name in CORE_ATEN_OUT_VARIANTS or name in EXTRA_OPERATORS
 
 
 def yaml_operator_names() -> set[str]:
@@ -88,22 +90,56 @@ def generate() -> list[str]:
     return sorted(stock_registry_names() | yaml_operator_names())
 
 
-def _render(names: list[str]) -> str:
+def core_aten_out_variants(exclude: frozenset[str] = frozenset()) -> list[str]:
+    """``aten`` overloads with a keyword-only mutable ``out`` argument whose operator torch
+    tags ``core`` (on any overload), minus ``exclude``."""
+    import torch
+
+    found = []
+    for full in torch_names("aten::"):
+        base, dot, overload = full.partition(".")
+        if not dot or full in exclude:
+            continue
+        try:
+            packet = getattr(torch.ops.aten, base.removeprefix("aten::"))
+            op = getattr(packet, overload)
+            tagged = any(torch.Tag.core in getattr(packet, o).tags for o in packet.overloads())
+        except (AttributeError, RuntimeError):
+            continue
+        writes_out = any(
+            a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+            for a in op._schema.arguments
+        )
+        if tagged and writes_out:
+            found.append(full)
+    return sorted(found)
+
+
+def torch_names(prefix: str) -> list[str]:
+    import torch
+
+    return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+
+
+def _set_literal(name: str, names: list[str]) -> list[str]:
+    return [f"{name}: frozenset[str] = frozenset(", "    {", *(f'        "{n}",' for n in names),
+            "    }", ")", ""]  # fmt: skip
+
+
+def _render(names: list[str], core: list[str]) -> str:
     lines = [
-        '"""Operator names ExecuTorch\'s own kernel libraries provide (generated).',
+        '"""Operator names of the closed kernel table (generated; do not edit by hand).',
         "",
-        "The stock runtime's operator registry (``executorch.runtime.Runtime.get()",
-        ".operator_registry.operator_names``) together with the operators the kernel yaml",
-        "files of the executorch package declare. Regenerate with",
-        "``python -m etmetal.runtime.kernels.table --write``; do not edit by hand.",
+        "``STOCK_OPERATORS``: the stock runtime's operator registry",
+        "(``executorch.runtime.Runtime.get().operator_registry.operator_names``) together",
+        "with the operators the kernel yaml files of the executorch package declare.",
+        "``CORE_ATEN_OUT_VARIANTS``: out variants of operators torch tags ``core``, not",
+        "already in the first set. Regenerate with",
+        "``python -m etmetal.runtime.kernels.table --write``.",
         '"""',
         "",
-        "STOCK_OPERATORS: frozenset[str] = frozenset(",
-        "    {",
-        *(f'        "{n}",' for n in names),
-        "    }",
-        ")",
-        "",
+        *_set_literal("STOCK_OPERATORS", names),
+        *_set_literal("CORE_ATEN_OUT_VARIANTS", core),
     ]
     return "\n".join(lines)
 
@@ -114,12 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if it is out of date")
     args = parser.parse_args(argv)
     names = generate()
+    core = core_aten_out_variants(frozenset(names))
     if args.write:
-        _GENERATED.write_text(_render(names))
-        print(f"wrote {len(names)} names to {_GENERATED}")
+        _GENERATED.write_text(_render(names, core))
+        print(f"wrote {len(names)} + {len(core)} names to {_GENERATED}")
         return 0
-    stale = set(names) ^ STOCK_OPERATORS
-    print(f"{len(names)} names; {len(stale)} differ from stock_operators.py")
+    stale = (set(names) ^ STOCK_OPERATORS) | (set(core) ^ CORE_ATEN_OUT_VARIANTS)
+    print(f"{len(names) + len(core)} names; {len(stale)} differ from stock_operators.py")
     for name in sorted(stale):
         print(f"    {name}")
     return 1 if (args.check and stale) else 0
