@@ -8,8 +8,9 @@ non-ASCII strings). The arguments are random slots of the program, among them a 
 inside the case's own sandbox directory. A quarter of the cases instead give the proxy
 executor an extern-node table naming such an operator.
 
-The oracle is independent of the runtime's lookup: a name outside the checked-in table
-of ExecuTorch's kernel libraries and the kernels registered at start must be refused
+The oracle is independent of the runtime's lookup: a name outside the checked-in lists
+(ExecuTorch's kernel libraries, Core ATen out variants, the deliberate extras) and the
+kernels registered at start must be refused
 at load with ``MissingKernelError`` naming it; a table name may load and run or fail
 with an etmetal error; an extern-node table naming a dangerous operator must be an
 ``ExternNodeError``; and no case may leave a file in its sandbox. Outcomes are the
@@ -56,8 +57,11 @@ class Pools:
     def __init__(self) -> None:
         from etmetal.runtime.kernels import registry, table
 
+        # the checked-in lists (tested against the stock registry and torch's tags) and
+        # the kernels registered at start, not the runtime's lookup
         self.allowed = frozenset(
             set(table.STOCK_OPERATORS)
+            | set(table.CORE_ATEN_OUT_VARIANTS)
             | set(table.EXTRA_OPERATORS)
             | set(registry.registered_names())
         )
