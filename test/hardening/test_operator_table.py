@@ -128,8 +128,9 @@ def test_isolated_delegated_program_refuses_its_portable_from_file(demos, tmp_pa
 
 
 def test_enum_codes_out_of_range_are_errors_not_crashes(tmp_path):
-    # torch casts an int passed for a dtype / memory format without a range check (the
-    # process dies); etmetal's kernels convert the codes first. In a subprocess, so a
+    # torch casts an int passed for a dtype / memory format without a range check, and a
+    # None passed for a tensor becomes an undefined tensor (the process dies); etmetal's
+    # kernels check both first. In a subprocess, so a
     # crash shows as a signal.
     script = tmp_path / "enums.py"
     script.write_text(
@@ -138,6 +139,7 @@ def test_enum_codes_out_of_range_are_errors_not_crashes(tmp_path):
         "x, out = torch.randn(2, 3), torch.empty(2, 3)\n"
         "for name, args in [('aten::_to_copy.out', (x, False, 4, out)),\n"
         "                   ('aten::clone.out', (x, -1, out)),\n"
+        "                   ('aten::copy.out', (None, x, False, out)),\n"
         "                   ('aten::full.out', ([2], 1.0, out))]:\n"
         "    try:\n"
         "        registry.lookup(name)(*args)\n"
@@ -154,4 +156,5 @@ def test_enum_codes_out_of_range_are_errors_not_crashes(tmp_path):
     lines = result.stdout.splitlines()
     assert "aten::_to_copy.out ValueError 4 is not a valid MemoryFormat code" in lines[0]
     assert "aten::clone.out ValueError -1 is not a valid MemoryFormat code" in lines[1]
-    assert lines[2] == "aten::full.out ran" and lines[3] == "valid code ran True"
+    assert "aten::copy.out TypeError argument 'self' must be a tensor" in lines[2]
+    assert lines[3] == "aten::full.out ran" and lines[4] == "valid code ran True"

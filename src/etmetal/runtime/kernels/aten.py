@@ -30,7 +30,8 @@ def _store(result: object, outs: tuple) -> object:
 
 
 # torch casts an int passed for an enum argument without a range check (dtype=-1 or
-# memory_format=4 crash the process), so enum arguments are converted here, checked
+# memory_format=4 crash the process), so enum arguments are converted here, checked;
+# required tensor arguments are checked to be tensors for the same reason (below)
 _MEMORY_FORMATS = {
     0: torch.contiguous_format,
     1: torch.preserve_format,
@@ -48,17 +49,37 @@ def _enum(kind: str, table: dict, value: object) -> object:
     return table[value]
 
 
-def _enum_converters(schema) -> list[tuple[int, object]]:
+def _tensor(name: str, value: object) -> object:
+    # torch turns None into an undefined tensor, which kernels dereference (aten::copy.out
+    # with self=None crashes the process)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"argument {name!r} must be a tensor, got {type(value).__name__}")
+    return value
+
+
+def _tensors(name: str, value: object) -> object:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, torch.Tensor) for v in value):
+        raise TypeError(f"argument {name!r} must be a list of tensors")
+    return value
+
+
+def _argument_checks(schema) -> list[tuple[int, object]]:
+    """(position, check-and-convert) for the arguments torch's binding does not check."""
     from etmetal.runtime.layout import SCALAR_TYPES
 
     tables = {"ScalarType": SCALAR_TYPES, "MemoryFormat": _MEMORY_FORMATS, "Layout": _LAYOUTS}
     found = []
     for i, a in enumerate(schema.arguments):
         # real_type keeps the enum the schema declares (``type`` erases it to int)
-        kind = str(getattr(a, "real_type", a.type)).removeprefix("Optional[").rstrip("]?")
+        declared = str(getattr(a, "real_type", a.type))
+        kind = declared.removeprefix("Optional[").rstrip("]?")
         if kind in tables:
             table = tables[kind]
             found.append((i, lambda v, kind=kind, table=table: _enum(kind, table, v)))
+        elif declared == "Tensor":
+            found.append((i, lambda v, name=a.name: _tensor(name, v)))
+        elif declared == "List[Tensor]":
+            found.append((i, lambda v, name=a.name: _tensors(name, v)))
     return found
 
 
@@ -67,16 +88,16 @@ def make_kernel(op: torch._ops.OpOverload) -> Kernel:
     n_args = len(schema.arguments)
     n_pos = sum(1 for a in schema.arguments if not a.kwarg_only)
     kw_names = tuple(a.name for a in schema.arguments if a.kwarg_only)
-    enums = _enum_converters(schema)
-    if enums:
-        return _with_enums(_make_call(op, n_args, n_pos, kw_names), enums, schema)
+    checks = _argument_checks(schema)
+    if checks:
+        return _with_checks(_make_call(op, n_args, n_pos, kw_names), checks)
     return _make_call(op, n_args, n_pos, kw_names)
 
 
-def _with_enums(call: Kernel, enums: list, schema) -> Kernel:
+def _with_checks(call: Kernel, checks: list) -> Kernel:
     def kernel(*args):
         args = list(args)
-        for i, convert in enums:
+        for i, convert in checks:
             if i < len(args):
                 args[i] = convert(args[i])
         return call(*args)
