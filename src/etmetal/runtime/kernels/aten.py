@@ -52,7 +52,8 @@ def _enum(kind: str, table: dict, value: object) -> object:
 def _tensor(name: str, value: object) -> object:
     # torch turns None into an undefined tensor, which kernels dereference (aten::copy.out
     # with self=None crashes the process)
-    if not isinstance(value, torch.Tensor):
+    # (a Python number stays allowed: torch wraps it into a tensor, as it always did)
+    if not isinstance(value, (torch.Tensor, int, float, bool)):
         raise TypeError(f"argument {name!r} must be a tensor, got {type(value).__name__}")
     return value
 
