@@ -80,3 +80,24 @@ def test_key_digest_is_the_leading_sha256_whatever_follows():
     assert key_digest(f"{digest}so_blob") == ""  # no separator
     assert key_digest(f"{digest[:-1]}_so_blob") == ""  # 63 digits
     assert key_digest(f"{digest.upper()}_so_blob") == ""  # hashlib writes lower case
+
+
+def test_delegate_digest_changes_with_every_input_and_does_not_splice():
+    from etmetal.common.delegate_blobs import delegate_digest
+
+    processed = b"a" * 64 + b"_so_blob\n" + b"b" * 64 + b"_weights_blob"
+    base = delegate_digest(processed, [("target", b"host")])
+    assert len(base) == 64 and base == delegate_digest(processed, [("target", b"host")])
+    others = {
+        delegate_digest(processed + b"\n" + b"c" * 64 + b"_externs_blob", [("target", b"host")]),
+        delegate_digest(processed, [("target", b"mps_emulated")]),
+        delegate_digest(processed, []),
+        delegate_digest(processed, [("target", b"host"), ("share_weights", b"0")]),
+        delegate_digest(processed, [("targe", b"thost")]),  # length-prefixed: no splicing
+        delegate_digest(processed[:-1], [("target", b"phost")]),
+    }
+    assert base not in others and len(others) == 6
+    # not the .so digest nor a plain sha256 of the processed bytes: a different domain
+    import hashlib
+
+    assert base != hashlib.sha256(processed).hexdigest()

@@ -26,3 +26,25 @@ def test_fuzz_campaign_has_no_crash_hang_or_wrong_answer(tmp_path):
     assert not bad, "\n".join(bad[:20])
     # the campaign reached both sides: refusals and completed runs
     assert counts["error"] > CASES // 4 and counts["correct"] + counts["ran"] > CASES // 10
+
+
+def test_operator_table_family_sample_has_no_bad_case():
+    """A small sample of the ``operators`` family in this process (the campaign runs it in
+    workers: ``etmetal bench fuzz --family operators``): programs naming random table,
+    outside, dangerous and garbage operators; every case a clean refusal or a run."""
+    import random
+    from collections import Counter
+
+    from etmetal.testing import fuzz_operators
+
+    pools = fuzz_operators.Pools()
+    assert "aten::from_file" in pools.outside and "aten::add.out" in pools.table
+    counts: Counter = Counter()
+    bad = []
+    for case in range(40):
+        kind, outcome, detail = fuzz_operators.run_case(pools, random.Random(SEED + case), case)
+        counts[outcome] += 1
+        if outcome == "BAD":
+            bad.append(f"{case} {kind} {detail}")
+    assert not bad, "\n".join(bad[:10])
+    assert counts["error"] > 20  # the refusals were reached

@@ -243,3 +243,93 @@ def test_in_place_op_returning_its_argument_keeps_the_handle_on_its_view(cdrv, p
     torch.testing.assert_close(_t(cdrv, base), want)
     for h in (view, ho, base):
         assert cdrv.delete(h) == 0
+
+
+# -- the allow-list and hostile tables ---------------------------------------------------
+
+
+def _table(target, inputs=(), outputs=()) -> str:
+    node = {"target": target, "inputs": list(inputs), "outputs": list(outputs)}
+    return json.dumps({"nodes": [{"name": "buf", "node": node}]})
+
+
+def _from_file_table(path: str) -> str:
+    return _table(
+        "aten::from_file",
+        [
+            {"name": "filename", "arg": {"as_string": path}},
+            {"name": "shared", "arg": {"as_bool": True}},
+            {"name": "size", "arg": {"as_int": 4}},
+        ],
+        [_tensor("buf0")],
+    )
+
+
+def test_a_table_naming_from_file_is_refused_and_creates_no_file(tmp_path):
+    target = tmp_path / "planted"
+    with pytest.raises(ExternNodeError, match=r"aten::from_file is not on the proxy executor"):
+        ProxyExecutor.from_json(_from_file_table(str(target)), DEVICE_CPU)
+    assert not target.exists()
+    # the reference: torch's operator with the table's arguments would have created it
+    torch.ops.aten.from_file(str(target), shared=True, size=4)
+    assert target.stat().st_size == 16
+
+
+@pytest.mark.parametrize(
+    "target, mentions",
+    [
+        ("aten::save", "not on the proxy executor's allow-list"),
+        ("aten::set_.source_Storage", "not on the proxy executor's allow-list"),
+        ("aten::manual_seed", "not on the proxy executor's allow-list"),
+        ("aten::_unsafe_index.Tensor", "not on the proxy executor's allow-list"),
+        ("aten::as_strided_", "not on the proxy executor's allow-list"),
+        ("inductor::_reinterpret_tensor", "torch internals"),
+        ("debugprims::load_tensor", "torch internals"),
+        ("prims::as_strided", "torch internals"),
+        ("__class__::__init__.__call__", "of identifiers"),
+        ("aten::__getattribute__", "of identifiers"),
+        ("nowhere_ns::op", "not registered in this process"),
+        ("", "of identifiers"),
+        (7, "not a string"),
+    ],
+)
+def test_operators_outside_the_allow_list_are_extern_node_errors(target, mentions):
+    with pytest.raises(ExternNodeError, match=mentions):
+        ProxyExecutor.from_json(_table(target), DEVICE_CPU)
+
+
+def test_an_operator_allowed_explicitly_is_accepted():
+    from etmetal.shims import extern_ops
+
+    table = _table("aten::manual_seed", [{"name": "seed", "arg": {"as_int": 1}}])
+    extern_ops.allow_extern_operator("aten::manual_seed")
+    try:
+        [node] = ProxyExecutor.from_json(table, DEVICE_CPU).nodes
+        assert node.op is torch.ops.aten.manual_seed.default
+    finally:
+        extern_ops.disallow_extern_operator("aten::manual_seed")
+    with pytest.raises(ExternNodeError):
+        ProxyExecutor.from_json(table, DEVICE_CPU)
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        '{"nodes": ' + "[" * 200_000 + "]" * 200_000 + "}",
+        '{"nodes": [{"node": {"target": "aten::add.Tensor", "inputs": [' + "[" * 100_000
+        + "]" * 100_000 + '], "outputs": []}}]}',
+        '{"nodes": [[1]]}',
+        '{"nodes": [{"node": {"target": "aten::add.Tensor", "inputs": [5], "outputs": []}}]}',
+        '{"nodes": [{"node": {"target": "aten::add.Tensor", "inputs": [], "outputs": [7]}}]}',
+        '{"nodes": [{"node": {"target": "etmtest_proxy::affine", "inputs": [{"name": "x", '
+        '"arg": {"as_tensor": 3}}], "outputs": []}}]}',
+        '{"nodes": [{"node": {"target": "etmtest_proxy::affine", "inputs": [{"name": "x", '
+        '"arg": {"as_tensor": {"name": "a"}}}], "outputs": [{"as_tensor": {"name": "b"}}], '
+        '"metadata": {"etmetal_tensor_dtypes": "{\\"a\\": \\"__class__\\"}"}}}]}',
+        b"\xff\xfe{",
+        '{"nodes": {"a": 1}}',
+    ],
+)  # fmt: skip
+def test_hostile_tables_are_extern_node_errors_not_foreign_exceptions(table):
+    with pytest.raises(ExternNodeError):
+        ProxyExecutor.from_json(table, DEVICE_CPU)

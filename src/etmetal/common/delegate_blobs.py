@@ -18,6 +18,12 @@ them and checks each one against the hash in its key:
 
 Both extensions are optional and independent: a two-line ``so``/``weights_blob`` program
 (upstream's, or any program etmetal wrote before them) still loads.
+
+The *delegate digest* (:func:`delegate_digest`) is what a user trusts: one sha256 over the
+processed bytes and the compile specs, i.e. over everything a delegate's init receives.
+Since every entry the processed bytes name is checked against the hash in its key
+before use (and a weights index names each constant by its hash), it pins the ``.so``,
+the weights, the extern-node table and the target together.
 """
 
 from __future__ import annotations
@@ -34,6 +40,27 @@ PROCESSED_FORMAT = (
     f"[\\n<sha256>{EXTERN_NODES_SUFFIX}]"
 )
 _HEX = frozenset("0123456789abcdef")
+
+
+_DIGEST_DOMAIN = b"etmetal MetalBackend delegate v1\0"
+
+
+def delegate_digest(
+    processed: bytes | memoryview, compile_specs: list[tuple[str, bytes]] | tuple = ()
+) -> str:
+    """The hex sha256 a user trusts for one delegate: over its processed bytes and its
+    compile specs (in program order), each length-prefixed so no two inputs collide."""
+    h = hashlib.sha256(_DIGEST_DOMAIN)
+
+    def put(data: bytes) -> None:
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    put(bytes(processed))
+    for key, value in compile_specs:
+        put(str(key).encode("utf-8", "surrogatepass"))
+        put(bytes(value))
+    return h.hexdigest()
 
 
 def blob_key(data: bytes | memoryview, suffix: str) -> str:

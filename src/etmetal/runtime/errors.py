@@ -16,14 +16,21 @@ class InvalidProgramError(EtmetalRuntimeError):
 
 
 class MissingKernelError(InvalidProgramError):
-    """The program uses operators that no registered kernel implements."""
+    """The program uses operators that are not in the runtime's kernel table."""
 
     def __init__(self, method: str, operators: list[str]):
         self.method = method
         self.operators = list(operators)
+        example = operators[0] if operators else "ns::op.overload"
         super().__init__(
             f"method {method!r}: no kernel for {len(operators)} operator(s): "
             + ", ".join(operators)
+            + ". etmetal's runtime runs only the operators of its kernel table (ExecuTorch's "
+            "kernel libraries, etmetal's own kernels and kernels registered explicitly); to "
+            "run this program, register a kernel for each: "
+            f"@etmetal.runtime.kernels.register_kernel({example!r}) on a function, an "
+            "'executorch.runtime.kernels' entry point, or, if you trust torch's own "
+            f"implementation with your process, etmetal.runtime.kernels.allow_torch_operator({example!r})"
         )
 
 

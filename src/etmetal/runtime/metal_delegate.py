@@ -20,13 +20,25 @@ as ``mps`` tensors over the same memory, and its kernels run on etmetal's emulat
 Metal device (``etmetal.shims.emulated_mps``).
 
 Trust: a ``.so`` is native code with the caller's privileges, so it runs only when
-one of these holds (checked in this order):
+one of these holds:
 
-- ``load_program(..., trust_native_code=True)``;
-- the ``.so``'s sha256 is in ``load_program(..., trusted_blob_hashes=[...])`` or in
-  ``$ETMETAL_TRUSTED_BLOBS`` (comma-separated hex digests, with or without the
-  ``_so_blob`` suffix);
-- ``$ETMETAL_TRUST_NATIVE_CODE=1``.
+- ``load_program(..., trust_native_code=True)`` or ``$ETMETAL_TRUST_NATIVE_CODE=1``;
+- the delegate's digest is in ``load_program(..., trusted_blob_hashes=[...])`` or in
+  ``$ETMETAL_TRUSTED_BLOBS`` (comma-separated hex digests). The delegate digest
+  (:func:`etmetal.common.delegate_blobs.delegate_digest`, printed when a delegate is
+  refused) covers every byte that steers the native code: the processed bytes, which
+  name the ``.so``, the weights and the extern-node table by their sha256 (each checked
+  here before the trust decision), and the compile specs (the target decides the device
+  the container runs on);
+- the ``.so``'s own sha256 (with or without the ``_so_blob`` suffix) is in the same
+  list, *and* the delegate has no extern-node table and runs on the host. This is the
+  one case where the ``.so`` digest alone pins the behaviour: the weights (one blob or
+  an index of per-constant entries) are checked against the ``.so``'s own constant table
+  (size, and dtype for lent constants) before any is read, so other weights change the
+  numbers the code computes on, never which code runs or what it reads beyond them.
+  An extern-node table names the operators the ``.so`` makes etmetal call, and the
+  target selects another device for the same code; both steer native execution, so a
+  ``.so`` digest never vouches for them.
 """
 
 from __future__ import annotations
@@ -102,11 +114,14 @@ def trusted_hashes_from_env() -> frozenset[str]:
     )
 
 
-def is_trusted(context: BackendInitContext, so_digest: str) -> bool:
+def is_trusted(context: BackendInitContext, digest: str, so_digest: str | None = None) -> bool:
+    """True when the caller trusts this delegate: all native code, the delegate digest, or
+    (``so_digest``, passed only where a bare ``.so`` digest is enough) the ``.so``'s."""
     if context.trust_native_code:
         return True
     allowed = {key_digest(h.lower()) or h.lower() for h in context.trusted_blob_hashes}
-    if so_digest in allowed or so_digest in trusted_hashes_from_env():
+    allowed |= trusted_hashes_from_env()
+    if digest in allowed or (so_digest is not None and so_digest in allowed):
         return True
     return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
 
@@ -160,6 +175,7 @@ class MetalDelegate(BackendExecutor):
         self.num_inputs: int = model.num_inputs
         self.num_outputs: int = model.num_outputs
         self.so_digest = ""
+        self.digest = ""  # the delegate digest the trust decision was made over
         self._out_capacity: list[int | None] | None = None  # set by check_call
 
     @classmethod
@@ -194,15 +210,25 @@ class MetalDelegate(BackendExecutor):
             )
             weights = memoryview(b"")
         so_key = keys.so
-        digest = key_digest(so_key)
-        if not is_trusted(context, digest):
+        so_digest = key_digest(so_key)
+        digest = blob_format.delegate_digest(processed, list(compile_specs))
+        # a bare .so digest vouches only for a delegate nothing else steers (module doc)
+        so_alone = keys.extern_nodes is None and TARGET_DEVICES.get(target or "host") == "cpu"
+        if not is_trusted(context, digest, so_digest if so_alone else None):
             raise UntrustedNativeCodeError(
-                f"{where}: the program contains native code (an AOTI .so, sha256 {digest}) and "
-                "running it gives the file your process's privileges. Load it only if you trust "
-                "where it came from, by one of: load_program(..., trust_native_code=True); "
-                f"load_program(..., trusted_blob_hashes=['{digest}']); "
+                f"{where}: the program contains native code (an AOTI .so, sha256 {so_digest}) "
+                "and running it gives the file your process's privileges. Load it only if you "
+                "trust where it came from, by one of: load_program(..., trust_native_code=True); "
+                f"load_program(..., trusted_blob_hashes=['{digest}']) (this delegate's digest: "
+                "the .so, its weights, extern-node table and compile specs together); "
                 f"{TRUSTED_BLOBS_ENV}={digest}; {TRUST_ENV}=1; "
-                "or `etmetal run --trust-native-code`"
+                f"or `etmetal run --trust-native-code` / `--trust-hash {digest}`"
+                + (
+                    ""
+                    if so_alone
+                    else "; the .so's own sha256 is not enough for this delegate: its "
+                    "extern-node table or target steers what the .so runs"
+                )
             )
         from etmetal.shims import AotiModel  # the bridge is built on first use
 
@@ -222,7 +248,8 @@ class MetalDelegate(BackendExecutor):
             raise
         self = cls(model, directory, where, weights)
         self._cleanup = track(self, directory)  # also on collection and at exit
-        self.so_digest = digest
+        self.so_digest = so_digest
+        self.digest = digest
         return self
 
     def check_call(self, args: list) -> None:

@@ -1,4 +1,4 @@
-"""``etmetal bench fuzz --cases N``: the seeded fuzz campaign of :mod:`etmetal.testing.fuzz`
+"""``etmetal bench fuzz --cases N [--family operators]``: the seeded fuzz campaign of :mod:`etmetal.testing.fuzz`
 over Metal-delegated programs; prints its outcome counts and the bad cases."""
 
 from __future__ import annotations
@@ -16,23 +16,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", type=int, default=2000, help="cases to run (default 2000)")
     parser.add_argument("--seed", type=int, default=2026, help="campaign seed")
     parser.add_argument(
+        "--family",
+        choices=("delegate", "operators"),
+        default="delegate",
+        help="delegate: mutated delegated programs and shim calls; operators: operator "
+        "tables naming random registered and unregistered operators",
+    )
+    parser.add_argument(
         "--kinds",
         default=None,
-        help="comma-separated case families (default all: pte,weights,processed,shim,mps)",
+        help="with --family delegate: comma-separated case kinds "
+        "(default all: pte,weights,processed,shim,metal_shims)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="etmetal-fuzz-") as tmp:
-        seeds = build_seeds(Path(tmp))
+        # the operators family edits its own x + 1 program: no delegated seeds to build
+        seeds = build_seeds(Path(tmp)) if args.family == "delegate" else Path(tmp)
         start = time.perf_counter()
         kinds = args.kinds.split(",") if args.kinds else None
         by_kind: Counter = Counter()
-        counts, bad = run_campaign(seeds, args.cases, args.seed, kinds=kinds, by_kind=by_kind)
+        counts, bad = run_campaign(
+            seeds, args.cases, args.seed, kinds=kinds, by_kind=by_kind, family=args.family
+        )
         elapsed = time.perf_counter() - start
     print(summary(counts) + f" ({elapsed:.1f} s)")
-    split = ", ".join(f"{k} {o}: {n}" for (k, o), n in sorted(by_kind.items()))
-    print(f"  by family: {split}")
+    if by_kind:
+        split = ", ".join(f"{k} {o}: {n}" for (k, o), n in sorted(by_kind.items()))
+        print(f"  by kind: {split}")
     for line in bad[:20]:
         print("  " + line)
     return 0 if not bad else 1

@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="allow delegates that run native code shipped inside the program",
     )
     parser.add_argument(
+        "--trust-hash",
+        action="append",
+        default=[],
+        metavar="DIGEST",
+        help="trust the delegate with this digest (printed when one is refused); repeatable",
+    )
+    parser.add_argument(
         "--isolate",
         action="store_true",
         help="run delegates in a worker process: a crashing delegate is an error, not a crash",
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             args.program,
             data_files=args.data,
             trust_native_code=args.trust_native_code,
+            trusted_blob_hashes=args.trust_hash,
             isolate=args.isolate,
         )
         method = program.load_method(args.method)

@@ -160,6 +160,16 @@ class AotiModel:
                     f"{self.so_path.name} would bind {shadowed} to a library loaded into the "
                     "process-wide (RTLD_GLOBAL) scope, not to etmetal"
                 )
+        # the table is parsed (and checked against the proxy executor's allow-list) before
+        # the .so is mapped: a refused table never runs the .so's constructors
+        executor = None
+        if extern_nodes is not None:
+            try:
+                text = extern_nodes if isinstance(extern_nodes, str) else bytes(extern_nodes)
+                executor = ProxyExecutor.from_json(text, self._device_type)
+            except ExternNodeError as exc:
+                raise AotiModelError(f"{self.so_path.name}: {exc}") from exc
+        self.proxy_executor: ProxyExecutor | None = executor
         try:
             # the wrapper groups bridge + model in one local scope: the model's shims bind
             # to the bridge without either entering the process-wide scope
@@ -172,16 +182,8 @@ class AotiModel:
             self._lib = ctypes.PyDLL(str(self.wrapper_path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
-        if extern_nodes is not None:
-            try:
-                text = extern_nodes if isinstance(extern_nodes, str) else bytes(extern_nodes)
-                executor = ProxyExecutor.from_json(text, self._device_type)
-            except ExternNodeError as exc:
-                raise AotiModelError(f"{self.so_path.name}: {exc}") from exc
-            self.proxy_executor: ProxyExecutor | None = executor
+        if executor is not None:
             self._proxy = ctx.register_proxy_executor(executor)
-        else:
-            self.proxy_executor = None
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
         self._bind_api()
         ctx.model_opened(self)

@@ -34,6 +34,7 @@ from etmetal.common.delegate_blobs import EXTERN_NODE_DTYPES_KEY
 from etmetal.shims.abi_codes import DTYPE_TO_TORCH
 from etmetal.shims.tensor_shims import adopt_result
 
+from . import extern_ops
 from .registry import ShimTable, read_i64s
 from .storage import ShimError
 
@@ -121,19 +122,40 @@ def _names(key: str, value: Any) -> list[str]:
     return [v["as_tensor"]["name"] for v in value if "as_tensor" in v]  # as_optional_tensors
 
 
-def _resolve(target: str, where: str) -> torch._ops.OpOverload:
+def _resolve(target: object, where: str) -> torch._ops.OpOverload:
+    """The overload ``target`` names, if the allow-list (:mod:`.extern_ops`) lets the
+    table call it; every failure is an ``ExternNodeError``."""
+    if not isinstance(target, str):
+        raise ExternNodeError(f"{where}: target {target!r} is not a string")
     namespace, sep, rest = target.partition("::")
-    name, _, overload = rest.partition(".")
-    if not sep or not name:
-        raise ExternNodeError(f"{where}: target {target!r} is not 'namespace::name[.overload]'")
+    name, dot, overload = rest.partition(".")
+    parts = (namespace, name) + ((overload,) if dot else ())  # "op." has an empty overload
+    # identifiers only, and no dunders: the name is looked up as attributes of torch.ops
+    if not sep or not all(p.isidentifier() and not p.startswith("__") for p in parts):
+        raise ExternNodeError(
+            f"{where}: target {target!r} is not 'namespace::name[.overload]' of identifiers"
+        )
     try:
-        packet = getattr(getattr(torch.ops, namespace), name)
-        return getattr(packet, overload or "default")
-    except (AttributeError, RuntimeError):
+        # the schema from the dispatcher's registry: no torch.ops attribute is touched for
+        # a name the process does not have
+        schema = torch._C._get_schema(f"{namespace}::{name}", overload)
+    except Exception:  # RuntimeError for an unknown name, whatever else a binding raises
         raise ExternNodeError(
             f"{where}: operator {target} is not registered in this process; import the module "
             "that defines it (torch.library) before loading the model"
         ) from None
+    why = extern_ops.refusal(namespace, name, overload, schema)
+    if why is not None:
+        raise ExternNodeError(
+            f"{where}: operator {target} is not on the proxy executor's allow-list: {why}"
+        )
+    try:
+        op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+    except Exception:
+        op = None
+    if not isinstance(op, torch._ops.OpOverload):
+        raise ExternNodeError(f"{where}: operator {target} has no callable overload")
+    return op
 
 
 def _parse_node(index: int, entry: dict) -> ExternNode:
@@ -193,25 +215,51 @@ def _parse_node(index: int, entry: dict) -> ExternNode:
             returns.append(("int", 1))
         else:
             raise ExternNodeError(f"{where}: output kind {key!r} is not supported")
-    dtypes = tuple(getattr(torch, dtype_names[n]) if n in dtype_names else None for n in names)
+    if not isinstance(dtype_names, dict):
+        raise ExternNodeError(f"{where}: {DTYPES_METADATA_KEY} is not an object")
+    dtypes = tuple(_dtype(dtype_names[n], where) if n in dtype_names else None for n in names)
     return ExternNode(
         index, target, op, tuple(args), n_ints, len(names), n_inputs, tuple(returns), dtypes,
         tuple(names),
     )  # fmt: skip
 
 
+def _dtype(name: object, where: str) -> torch.dtype:
+    value = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(value, torch.dtype):
+        raise ExternNodeError(f"{where}: {name!r} is not a torch dtype")
+    return value
+
+
 def parse_extern_nodes(text: str | bytes) -> tuple[ExternNode, ...]:
-    """The operators of a serialized extern-node table (``{"nodes": [...]}``)."""
+    """The operators of a serialized extern-node table (``{"nodes": [...]}``).
+
+    The table is the program's data, so any JSON may arrive: every way it can be wrong
+    (nesting deeper than the parser recurses, values of the wrong type, targets outside
+    the allow-list) is an ``ExternNodeError`` naming the node.
+    """
     try:
         data = json.loads(text)
         entries = data["nodes"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except RecursionError:
+        raise ExternNodeError("the extern-node table is nested too deeply to parse") from None
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ExternNodeError(
             f"the extern-node table is not valid JSON with 'nodes': {exc}"
         ) from None
     if not isinstance(entries, list):
         raise ExternNodeError("the extern-node table's 'nodes' is not a list")
-    return tuple(_parse_node(i, e) for i, e in enumerate(entries))
+    nodes = []
+    for i, entry in enumerate(entries):
+        try:
+            nodes.append(_parse_node(i, entry))
+        except ExternNodeError:
+            raise
+        except Exception as exc:  # a value of a type the format does not allow
+            raise ExternNodeError(
+                f"extern node {i}: malformed entry ({type(exc).__name__}: {exc})"
+            ) from None
+    return tuple(nodes)
 
 
 class ProxyExecutor:

@@ -100,7 +100,9 @@ def check_offered(
                 f"{so_name}: constant {name!r} is dtype code {dtype} in the .so, the offered "
                 f"tensor is {t.dtype}"
             )
-        have = t.untyped_storage().nbytes()
+        # the .so reads its data_size from the tensor's data pointer on: count the bytes
+        # from there to the end of the storage, not the storage's whole size
+        have = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
         if have < size - 63 or not t.is_cpu:  # the .so's data_size is padded to 64
             raise ShimError(
                 f"{so_name}: constant {name!r} needs {size} bytes on the cpu, the offered "

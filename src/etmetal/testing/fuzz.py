@@ -1,7 +1,8 @@
 """A seeded fuzz campaign over Metal-delegated programs (``etmetal bench fuzz``, the tests).
 
 Mutants of real delegated ``.pte`` files (whole-file, weights-blob and processed-bytes
-mutations) and random shim call sequences run in worker subprocesses
+mutations) and random shim call sequences (family ``delegate``), or programs whose
+operator tables name random operators (family ``operators``), run in worker subprocesses
 (``etmetal.testing.fuzz_worker``), many cases per process; a crash or hang ends the
 worker, is recorded against its case, and the campaign restarts after it. Prints
 cases, clean errors, correct runs, altered-but-valid runs, bad outcomes, crashes, hangs.
@@ -77,14 +78,17 @@ def run_campaign(
     worker: Sequence[str] = ("-m", "etmetal.testing.fuzz_worker"),
     kinds: Sequence[str] | None = None,
     by_kind: Counter | None = None,
+    family: str = "delegate",
 ) -> tuple[Counter, list[str]]:
     """Run ``cases`` cases; returns outcome counts and the lines of every bad case.
 
     ``worker`` is the Python command line (after the interpreter) of a worker that takes
-    ``SEEDS FIRST COUNT SEED``, prints ``start N`` before case N and ``N OUTCOME ...``
+    ``SEEDS FIRST COUNT SEED [FAMILY]`` (``family``: ``delegate`` mutates the seed
+    programs, ``operators`` needs no seeds; see the worker), prints ``start N`` before case N and ``N OUTCOME ...``
     after it. A worker that dies or stalls is charged to the case it was in, and the
-    campaign resumes after that case in a new worker. ``kinds`` restricts the families
-    (``fuzz_worker.ALL_KINDS``); ``by_kind`` (if given) counts ``(kind, outcome)`` pairs.
+    campaign resumes after that case in a new worker. ``kinds`` restricts the delegate
+    family's case kinds (``fuzz_worker.ALL_KINDS``); ``by_kind`` (if given) counts
+    ``(kind, outcome)`` pairs.
     """
     counts: Counter = Counter()
     bad: list[str] = []
@@ -95,6 +99,8 @@ def run_campaign(
     while next_case < cases:
         cmd = [sys.executable, *worker, str(seeds)]
         cmd += [str(next_case), str(cases - next_case), str(seed)]
+        if family != "delegate":
+            cmd.append(family)
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,

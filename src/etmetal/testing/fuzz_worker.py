@@ -1,4 +1,7 @@
-"""Fuzz worker (``python -m etmetal.testing.fuzz_worker SEEDS FIRST COUNT SEED``).
+"""Fuzz worker (``python -m etmetal.testing.fuzz_worker SEEDS FIRST COUNT SEED [FAMILY]``).
+
+``FAMILY`` is ``delegate`` (default, the kinds below) or ``operators``
+(:mod:`etmetal.testing.fuzz_operators`: operator tables naming random operators).
 
 Runs cases ``FIRST .. FIRST+COUNT-1`` of a seeded campaign over Metal-delegated programs
 and prints ``start <id>`` before and ``<id> <outcome> <kind> <detail>`` after each case,
@@ -316,13 +319,28 @@ def run_case(seeds: list[Seed], case: int, base_seed: int) -> tuple[str, str, st
 
 def main(argv: list[str]) -> int:
     seeds_dir, first, count, base_seed = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
+    family = argv[4] if len(argv) > 4 else "delegate"
     torch.set_num_threads(1)
-    seeds = [Seed(p) for p in sorted(Path(seeds_dir).glob("*.pte"))]
+    if family == "operators":  # the x + 1 program of etmetal.testing.hostile_programs
+        from etmetal.testing import fuzz_operators
+
+        pools = fuzz_operators.Pools()
+
+        def case_of(case: int) -> tuple[str, str, str]:
+            rng = random.Random(base_seed * 1_000_003 + case)
+            return fuzz_operators.run_case(pools, rng, case)
+    elif family == "delegate":
+        seeds = [Seed(p) for p in sorted(Path(seeds_dir).glob("*.pte"))]
+
+        def case_of(case: int) -> tuple[str, str, str]:
+            return run_case(seeds, case, base_seed)
+    else:
+        raise SystemExit(f"unknown fuzz family {family!r} (delegate, operators)")
     out = sys.stdout
     for case in range(first, first + count):
         out.write(f"start {case}\n")
         out.flush()
-        kind, outcome, detail = run_case(seeds, case, base_seed)
+        kind, outcome, detail = case_of(case)
         out.write(f"{case} {outcome} {kind} {detail}".replace("\n", " ") + "\n")
         out.flush()
     return 0

@@ -1,5 +1,5 @@
 """Kernels of etmetal's runtime; see ``registry`` for the calling convention."""
 
-from .registry import lookup, register_kernel, registered_names
+from .registry import allow_torch_operator, lookup, register_kernel, registered_names
 
-__all__ = ["lookup", "register_kernel", "registered_names"]
+__all__ = ["allow_torch_operator", "lookup", "register_kernel", "registered_names"]

@@ -1,4 +1,8 @@
-"""Portable kernels: any operator torch knows, called through its ``torch.ops`` overload.
+"""Portable kernels: an operator of the kernel table, called through its ``torch.ops`` overload.
+
+Only names the closed table holds (:mod:`.table`) or a user allowed explicitly
+(``allow_torch_operator``) get here; the registry never builds a kernel for a name the
+program alone chose.
 
 An ExecuTorch program names out variants (``aten::add.out``); the instruction holds the
 schema's arguments in order, so the kernel passes positional arguments positionally and
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import Kernel, register_resolver, torch_op
+from .registry import Kernel, torch_op
 
 
 def _store(result: object, outs: tuple) -> object:
@@ -25,11 +29,86 @@ def _store(result: object, outs: tuple) -> object:
     return None
 
 
+# torch casts an int passed for an enum argument without a range check (dtype=-1 or
+# memory_format=4 crash the process), so enum arguments are converted here, checked;
+# required tensor arguments are checked to be tensors for the same reason (below)
+_MEMORY_FORMATS = {
+    0: torch.contiguous_format,
+    1: torch.preserve_format,
+    2: torch.channels_last,
+    3: torch.channels_last_3d,
+}
+_LAYOUTS = {0: torch.strided}  # ExecuTorch tensors are strided
+
+
+def _enum(kind: str, table: dict, value: object) -> object:
+    if value is None or isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value not in table:
+        raise ValueError(f"{value!r} is not a valid {kind} code (valid: {sorted(table)})")
+    return table[value]
+
+
+def _tensor(name: str, value: object) -> object:
+    # torch turns None into an undefined tensor, which kernels dereference (aten::copy.out
+    # with self=None crashes the process)
+    # (a Python number stays allowed: torch wraps it into a tensor, as it always did)
+    if not isinstance(value, (torch.Tensor, int, float, bool)):
+        raise TypeError(f"argument {name!r} must be a tensor, got {type(value).__name__}")
+    return value
+
+
+def _tensors(name: str, value: object) -> object:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, torch.Tensor) for v in value):
+        raise TypeError(f"argument {name!r} must be a list of tensors")
+    return value
+
+
+def _argument_checks(schema) -> list[tuple[int, object]]:
+    """(position, check-and-convert) for the arguments torch's binding does not check."""
+    from etmetal.runtime.layout import SCALAR_TYPES
+
+    tables = {"ScalarType": SCALAR_TYPES, "MemoryFormat": _MEMORY_FORMATS, "Layout": _LAYOUTS}
+    found = []
+    for i, a in enumerate(schema.arguments):
+        # real_type keeps the enum the schema declares (``type`` erases it to int)
+        declared = str(getattr(a, "real_type", a.type))
+        kind = declared.removeprefix("Optional[").rstrip("]?")
+        if kind in tables:
+            table = tables[kind]
+            found.append((i, lambda v, kind=kind, table=table: _enum(kind, table, v)))
+        elif declared == "Tensor":
+            found.append((i, lambda v, name=a.name: _tensor(name, v)))
+        elif declared == "List[Tensor]":
+            found.append((i, lambda v, name=a.name: _tensors(name, v)))
+    return found
+
+
 def make_kernel(op: torch._ops.OpOverload) -> Kernel:
     schema = op._schema
     n_args = len(schema.arguments)
     n_pos = sum(1 for a in schema.arguments if not a.kwarg_only)
     kw_names = tuple(a.name for a in schema.arguments if a.kwarg_only)
+    checks = _argument_checks(schema)
+    if checks:
+        return _with_checks(_make_call(op, n_args, n_pos, kw_names), checks)
+    return _make_call(op, n_args, n_pos, kw_names)
+
+
+def _with_checks(call: Kernel, checks: list) -> Kernel:
+    def kernel(*args):
+        args = list(args)
+        for i, convert in checks:
+            if i < len(args):
+                args[i] = convert(args[i])
+        return call(*args)
+
+    kernel.__name__ = kernel.__qualname__ = getattr(call, "__name__", "aten_kernel")
+    return kernel
+
+
+def _make_call(op: torch._ops.OpOverload, n_args: int, n_pos: int, kw_names: tuple) -> Kernel:
+    schema = op._schema
 
     if not kw_names:
 
@@ -51,13 +130,11 @@ def make_kernel(op: torch._ops.OpOverload) -> Kernel:
     return kernel
 
 
-def resolve(name: str) -> Kernel | None:
+def torch_kernel(name: str) -> Kernel | None:
+    """The kernel calling torch's overload ``name``; None when torch has none."""
     op = torch_op(name)
     if op is None:
         return None
     # Out variants return their out argument; the runtime ignores it (the return slot
     # is the same value as the out argument), so nothing is converted back.
     return make_kernel(op)
-
-
-register_resolver(resolve)

@@ -23,8 +23,9 @@ Modules ``etmetal.runtime.kernels.<family>`` register kernels on import with
 ``@register_kernel(name)``. The registry imports the built-in families, then the
 ``executorch.runtime.kernels`` entry-point group (entry name = operator name, value =
 kernel callable or a module that registers on import); later registrations override
-earlier ones. Operators no module names fall back to the generic ATen resolver
-(``aten.py``), which calls ``torch.ops`` out variants.
+earlier ones. The table is closed (:mod:`.table`): a name nobody registered gets torch's
+own implementation (``aten.py``) only when ExecuTorch's kernel libraries provide it;
+any other name has no kernel, and the method that names it does not load.
 """
 
 from __future__ import annotations
@@ -37,18 +38,18 @@ from importlib import metadata
 
 import torch
 
+from . import table
+
 Kernel = Callable[..., object]
-Resolver = Callable[[str], "Kernel | None"]
 
 ENTRY_POINT_GROUP = "executorch.runtime.kernels"
-BUILTIN_FAMILIES = ("aten", "prim", "dim_order", "quantized", "view_copy", "max_pool", "cortex_m")
+BUILTIN_FAMILIES = ("prim", "dim_order", "quantized", "view_copy", "max_pool", "cortex_m")
 # families that may be absent from a build (another engineer's module)
 OPTIONAL_FAMILIES = frozenset({"cortex_m"})
 
 _kernels: dict[str, Kernel] = {}
 _num_returns: dict[str, int] = {}
-_resolvers: list[Resolver] = []
-_resolved: dict[str, Kernel | None] = {}
+_resolved: dict[str, Kernel | None] = {}  # torch-backed kernels of table names, built once
 _loaded = False
 _lock = threading.RLock()
 
@@ -73,12 +74,21 @@ def register_kernel(name: str, *, num_returns: int | None = None) -> Callable[[K
     return decorate
 
 
-def register_resolver(resolver: Resolver) -> Resolver:
-    """Register a fallback that builds kernels on demand for names nobody registered."""
-    with _lock:
-        _resolvers.append(resolver)
-        _resolved.clear()
-    return resolver
+def allow_torch_operator(name: str, *, num_returns: int | None = None) -> Kernel:
+    """Let programs call ``name`` through torch's own implementation (``torch.ops``).
+
+    An explicit decision, like ``register_kernel``: use it for an operator outside the
+    table whose torch implementation you trust with your process (no file, process or
+    unchecked-memory side effects). Returns the kernel it registered.
+    """
+    op = torch_op(name)
+    if op is None:
+        raise ValueError(f"torch has no operator {name!r} to allow ('namespace::op.overload')")
+    from .aten import make_kernel
+
+    kernel = make_kernel(op)
+    register_kernel(name, num_returns=num_returns)(kernel)
+    return kernel
 
 
 def _import_builtins() -> None:
@@ -123,16 +133,14 @@ def lookup(name: str) -> Kernel | None:
     kernel = _kernels.get(name)
     if kernel is not None:
         return kernel
+    if not table.in_table(name):  # closed: the program's choice of name is not enough
+        return None
     with _lock:
-        if name in _resolved:
-            return _resolved[name]
-        found = None
-        for resolver in _resolvers:
-            found = resolver(name)
-            if found is not None:
-                break
-        _resolved[name] = found
-        return found
+        if name not in _resolved:
+            from .aten import torch_kernel
+
+            _resolved[name] = torch_kernel(name)
+        return _resolved[name]
 
 
 def registered_names() -> list[str]:
