@@ -213,7 +213,7 @@ class MetalDelegate(BackendExecutor):
         so_digest = key_digest(so_key)
         digest = blob_format.delegate_digest(processed, list(compile_specs))
         # a bare .so digest vouches only for a delegate nothing else steers (module doc)
-        so_alone = keys.extern_nodes is None and TARGET_DEVICES.get(target or "host") == "cpu"
+        so_alone = keys.extern_nodes is None and target.container_device == CPU_DEVICE
         if not is_trusted(context, digest, so_digest if so_alone else None):
             raise UntrustedNativeCodeError(
                 f"{where}: the program contains native code (an AOTI .so, sha256 {so_digest}) "

@@ -27,6 +27,8 @@ import threading
 
 import torch
 
+from etmetal.common.targets import METAL_DEVICE
+
 # Namespaces torch itself defines operators in (C++ or its own Python modules): never
 # "custom ops of the loading process", whatever torch.library recorded for them.
 TORCH_NAMESPACES = frozenset(
@@ -35,7 +37,8 @@ TORCH_NAMESPACES = frozenset(
         "debug_mode_ops", "export", "higher_order", "c10d", "_c10d_functional",
         "_c10d_functional_autograd", "_dtensor", "quantized", "_quantized", "mkldnn",
         "onednn", "sparse", "_test", "_inductor_test", "fsdp", "streams", "symm_mem",
-        "_nested", "xnnpack", "vulkan", "cuda", "mps",
+        "_nested", "xnnpack", "vulkan", "cuda",
+        METAL_DEVICE,  # torch.ops.mps: torch's own Metal ops, named after the device
     }
 )  # fmt: skip
 

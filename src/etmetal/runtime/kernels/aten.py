@@ -12,9 +12,26 @@ result is copied into the slot the program planned for it, a scalar result is re
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from .registry import Kernel, torch_op
+# what every kernel is (the calling convention is the registry's module doc)
+Kernel = Callable[..., object]
+
+
+def torch_op(name: str) -> torch._ops.OpOverload | None:
+    """The ``torch.ops`` overload spelled ``name``, if torch knows it."""
+    ns, sep, rest = name.partition("::")
+    op_name, _, overload = rest.partition(".")
+    parts = (ns, op_name, overload or "default")
+    if not sep or not all(p.isidentifier() and not p.startswith("__") for p in parts):
+        return None
+    try:
+        op = getattr(getattr(getattr(torch.ops, ns), op_name), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+    return op if isinstance(op, torch._ops.OpOverload) else None
 
 
 def _store(result: object, outs: tuple) -> object:

@@ -36,11 +36,8 @@ import warnings
 from collections.abc import Callable
 from importlib import metadata
 
-import torch
-
 from . import table
-
-Kernel = Callable[..., object]
+from .aten import Kernel, make_kernel, torch_kernel, torch_op
 
 ENTRY_POINT_GROUP = "executorch.runtime.kernels"
 BUILTIN_FAMILIES = ("prim", "dim_order", "quantized", "view_copy", "max_pool", "cortex_m")
@@ -84,7 +81,6 @@ def allow_torch_operator(name: str, *, num_returns: int | None = None) -> Kernel
     op = torch_op(name)
     if op is None:
         raise ValueError(f"torch has no operator {name!r} to allow ('namespace::op.overload')")
-    from .aten import make_kernel
 
     kernel = make_kernel(op)
     register_kernel(name, num_returns=num_returns)(kernel)
@@ -137,8 +133,6 @@ def lookup(name: str) -> Kernel | None:
         return None
     with _lock:
         if name not in _resolved:
-            from .aten import torch_kernel
-
             _resolved[name] = torch_kernel(name)
         return _resolved[name]
 
@@ -146,20 +140,6 @@ def lookup(name: str) -> Kernel | None:
 def registered_names() -> list[str]:
     ensure_loaded()
     return sorted(_kernels)
-
-
-def torch_op(name: str) -> torch._ops.OpOverload | None:
-    """The ``torch.ops`` overload spelled ``name``, if torch knows it."""
-    ns, sep, rest = name.partition("::")
-    op_name, _, overload = rest.partition(".")
-    parts = (ns, op_name, overload or "default")
-    if not sep or not all(p.isidentifier() and not p.startswith("__") for p in parts):
-        return None
-    try:
-        op = getattr(getattr(getattr(torch.ops, ns), op_name), overload or "default")
-    except (AttributeError, RuntimeError):
-        return None
-    return op if isinstance(op, torch._ops.OpOverload) else None
 
 
 def num_returns(name: str) -> int | None:
