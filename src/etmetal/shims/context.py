@@ -233,7 +233,14 @@ class ShimContext:
         copying = self.materialize != "view" or any(
             getattr(m, "materialize", "view") != "view" for m in self._open_model_set
         )
-        native.set_views(not copying)
+        # the reference implementation: while a model that runs on the Python shims is
+        # open, every shim of this context goes to Python (native.set_fallbacks: the
+        # fallbacks and constants of native_fallbacks; allocations and views above)
+        python = any(getattr(m, "shims", "native") == "python" for m in self._open_model_set)
+        if python:
+            native.set_limit(0)
+        native.set_views(not copying and not python)
+        native.set_fallbacks(not copying and not python)
 
     def model_opened(self, model: object | None = None) -> None:
         """``model`` (anything with ``close()``) is closed by ``close_models`` if still open."""

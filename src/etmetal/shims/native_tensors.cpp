@@ -242,6 +242,75 @@ int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_
   return 1;
 }
 
+// ---- constants and shared weights lent as native borrowed records ----
+// 1 while create_tensor_from_blob and new_tensor_handle may be served here (the "native"
+// implementation; Python sets it)
+ETM_EXPORT int64_t etm_native_borrows = 0;
+// while Python lends a model its shared constants, the aliases the container makes of them
+// (new_tensor_handle, which it never deletes) are written here, so the model can delete
+// them after its container: Python points it at an array of etm_alias_cap handles
+ETM_EXPORT void** etm_alias_log = nullptr;
+ETM_EXPORT int64_t etm_alias_cap = 0, etm_alias_len = 0;
+
+int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                      int64_t offset, int32_t dtype, int32_t device_type, int32_t device_index,
+                      void** ret) {
+  if (!etm_native_borrows || !ret || !data || ndim < 0 || ndim > ETM_MAX_DIMS ||
+      (ndim && !sizes) || offset < 0 || device_type != 0 ||
+      (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
+      !etm_itemsize[dtype])
+    return 0;
+  int64_t st[ETM_MAX_DIMS], numel, extent, acc = 1, end;
+  for (int64_t d = ndim - 1; d >= 0; d--) {  // contiguous strides when none are given
+    if (sizes[d] < 0) return 0;
+    st[d] = strides ? strides[d] : acc;
+    if (__builtin_mul_overflow(acc, sizes[d] > 1 ? sizes[d] : 1, &acc)) return 0;
+  }
+  int64_t item = etm_itemsize[dtype];
+  if (!etm_geometry(ndim, sizes, st, &numel, &extent) || !extent ||
+      __builtin_add_overflow(offset, extent, &end) || __builtin_mul_overflow(end, item, &end))
+    return 0;  // no elements, or out of range: Python's shim serves or reports it
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  etm_fill(r, (char*)data, item, ndim, sizes, st, offset, numel, dtype, 2, end);
+  etm_native_borrowed++;
+  *ret = r;
+  return 1;
+}
+
+// another handle of the same native tensor (new_tensor_handle): counts like a view
+int etm_native_alias(void* self, void** ret) {
+  if (!etm_native_borrows || !ret) return 0;
+  etm_rec* base = etm_rec_of(self);
+  if (!base || !base->native || (etm_alias_log && etm_alias_len >= etm_alias_cap)) return 0;
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  std::memcpy(r, base, sizeof(etm_rec));
+  etm_native_live++;
+  if (r->native == 1) etm_block_at(etm_block_data(r))->refs++;
+  else etm_native_borrowed++;
+  if (etm_alias_log) etm_alias_log[etm_alias_len++] = r;
+  *ret = r;
+  return 1;
+}
+
+// a borrowed record over [data, data + storage_bytes) for Python (a lent constant); NULL
+// when none is free or the geometry is not served natively
+ETM_EXPORT void* etm_native_lend(void* data, int64_t ndim, const int64_t* sizes,
+                                 const int64_t* strides, int64_t offset, int32_t dtype,
+                                 int64_t storage_bytes) {
+  void* h = nullptr;
+  int64_t on = etm_native_borrows;
+  etm_native_borrows = 1;
+  int ok = etm_native_borrow(data, ndim, sizes, strides, offset, dtype, 0, 0, &h);
+  etm_native_borrows = on;
+  if (!ok) return nullptr;
+  etm_rec* r = (etm_rec*)h;
+  if (storage_bytes < r->storage_bytes) { etm_native_delete(r); return nullptr; }
+  r->storage_bytes = storage_bytes;  // the whole storage: views may reach all of it
+  return h;
+}
+
 ETM_EXPORT int32_t etm_run(etm_call* c) {
   if (etm_ring_get + (uint64_t)c->n_in > etm_ring_put) return ETM_NO_SLOT;
   for (int64_t i = 0; i < c->n_in; i++) {

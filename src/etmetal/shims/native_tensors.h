@@ -84,6 +84,13 @@ int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides,
 // storage; 0: not served here (the policy says materialize, an error for Python to report)
 int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_t* strides,
                     int64_t offset_increment, void** ret);
+// create_tensor_from_blob of host memory: a borrowed record (never frees the memory);
+// 0: not served here
+int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                      int64_t offset, int32_t dtype, int32_t device_type, int32_t device_index,
+                      void** ret);
+// new_tensor_handle of a native tensor: another record of the same tensor; 0: not served here
+int etm_native_alias(void* self, void** ret);
 // free a native record (owned allocation or borrowed input) and give its slot back
 void etm_native_delete(etm_rec* r);
 

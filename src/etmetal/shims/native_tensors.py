@@ -257,6 +257,25 @@ class NativeTensors:
         # what a Python Storage over a native allocation calls when it goes (NativeBlock)
         self.unref_python = lib.etm_block_unref_python
         self._views = ctypes.c_int64.in_dll(lib, "etm_native_views")
+        # the fallbacks and borrowed constants of native_fallbacks (one switch, both flags)
+        self._switches = [
+            ctypes.c_int64.in_dll(lib, name)
+            for name in ("etm_native_fallbacks", "etm_native_borrows")
+        ]
+        self._alias_log = ctypes.c_void_p.in_dll(lib, "etm_alias_log")
+        self._alias_cap = ctypes.c_int64.in_dll(lib, "etm_alias_cap")
+        self._alias_len = ctypes.c_int64.in_dll(lib, "etm_alias_len")
+        self._lend = lib.etm_native_lend
+        self._lend.restype = ctypes.c_void_p
+        self._lend.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int32,
+            ctypes.c_int64,
+        ]
         itemsizes = (ctypes.c_int8 * NDTYPES).in_dll(lib, "etm_itemsize")
         for code, size in ITEMSIZE.items():
             itemsizes[code] = size
@@ -271,6 +290,41 @@ class NativeTensors:
     def set_views(self, on: bool) -> None:
         """Serve ``_reinterpret_tensor`` of native tensors natively (the "view" policy)."""
         self._views.value = int(on)
+
+    def set_fallbacks(self, on: bool) -> None:
+        """Serve the fallbacks and borrowed constants of ``native_fallbacks`` in C."""
+        for flag in self._switches:
+            flag.value = int(on)
+
+    @property
+    def fallbacks(self) -> bool:
+        return bool(self._switches[0].value)
+
+    def lend(
+        self, data: int, dtype: int, sizes, strides, offset: int, storage_bytes: int
+    ) -> int | None:
+        """A native borrowed record over ``storage_bytes`` at ``data`` (a shared constant);
+        None when the record table is full or the geometry is not served natively."""
+        n = len(sizes)
+        if n > MAX_DIMS:
+            return None
+        sz, st = (ctypes.c_int64 * max(n, 1))(*sizes), (ctypes.c_int64 * max(n, 1))(*strides)
+        return self._lend(data, n, sz, st, offset, dtype, storage_bytes) or None
+
+    @contextlib.contextmanager
+    def aliases(self, capacity: int):
+        """Collect the handles ``new_tensor_handle`` makes in C inside the block (a list,
+        filled when the block ends): a container never deletes its constants' aliases."""
+        log = (ctypes.c_void_p * max(capacity, 1))()
+        made: list[int] = []
+        self._alias_cap.value, self._alias_len.value = capacity, 0
+        self._alias_log.value = ctypes.addressof(log)
+        try:
+            yield made
+        finally:
+            made.extend(log[i] for i in range(self._alias_len.value))
+            self._alias_log.value = None
+            self._alias_cap.value = self._alias_len.value = 0
 
     def native_refs(self, data: int) -> int:
         """Native records viewing the allocation at ``data`` (besides Python's storages)."""
