@@ -201,7 +201,10 @@ class AotiModel:
             ctx.running = self  # creation and constant loading follow this model's policy
             try:
                 ctx.take_unchecked_error()
-                self._create()
+                # the container makes its constants now: natively borrowed records while
+                # the native implementation serves (native_fallbacks)
+                with ctx.native.borrowing(ctx.native.fallbacks):
+                    self._create()
                 try:
                     raise_unchecked(ctx, self.so_path.name, "loading the model")
                 except BaseException:

@@ -29,6 +29,17 @@ int etm_fb_bmm_out(void* out, void* self, void* mat2);
 int etm_fb_addmm_out(void* out, void* self, void* mat1, void* mat2, double beta, double alpha);
 int etm_fb_baddbmm_out(void* out, void* self, void* b1, void* b2, double beta, double alpha);
 
+// ops returning new tensors: libtorch's results become native records of kind 3
+int etm_fb_sdpa_flash(void* q, void* k, void* v, double dropout_p, int32_t is_causal, void* mask,
+                      void* scale, void* ret0, void* ret1);
+int etm_fb_convolution(void* input, void* weight, void* bias, const int64_t* stride,
+                       int64_t stride_len, const int64_t* padding, int64_t padding_len,
+                       const int64_t* dilation, int64_t dilation_len, int32_t transposed,
+                       const int64_t* output_padding, int64_t output_padding_len, int64_t groups,
+                       void* ret0);
+int etm_fb_topk(void* self, int64_t k, int64_t dim, int32_t largest, int32_t sorted, void* ret0,
+                void* ret1);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

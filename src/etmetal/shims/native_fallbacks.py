@@ -20,11 +20,13 @@ Anything else, and any call libtorch fails, goes to the Python shim, which serve
 reports the error by name. Out-variants write into memory the caller owns, so no new
 tensor ever has to change hands between libtorch and etmetal.
 
-Constants: ``create_tensor_from_blob`` of host memory (what a container calls for each
-weight it loads from the blob) and ``new_tensor_handle`` of a native tensor (what it
-calls for each user-managed constant) make native *borrowed* records, which never free
-their memory. So a weight's ``_reinterpret_tensor`` and ``delete_tensor_object`` stay
-in C as well (``native_tensors``).
+Constants: while a container loads its constants (``AotiModel`` creating it),
+``create_tensor_from_blob`` of host memory (one per weight of the blob) and
+``new_tensor_handle`` of a native tensor (one per user-managed constant) make native
+*borrowed* records, which never free their memory. So a weight's ``_reinterpret_tensor``
+and ``delete_tensor_object`` stay in C as well (``native_tensors``). Outside that, these
+two shims are Python's: a native borrowed record counts as one borrowed storage per
+record (``memory_stats``), where Python's tensors of one blob share theirs.
 
 All of it follows one switch, the implementation a model was loaded with
 (``AotiModel(..., shims="native"|"python")``): the Python shims stay the reference.
@@ -68,6 +70,14 @@ NATIVE_PATHS = {
     "aoti_torch_cpu_bmm_out": _served("etm_fb_bmm_out(a0, a1, a2)"),
     "aoti_torch_cpu_addmm_out": _served("etm_fb_addmm_out(a0, a1, a2, a3, a4, a5)"),
     "aoti_torch_cpu_baddbmm_out": _served("etm_fb_baddbmm_out(a0, a1, a2, a3, a4, a5)"),
+    "aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu": _served(
+        "etm_fb_sdpa_flash(a0, a1, a2, a3, a4, a5, a6, a7, a8)"
+    ),
+    "aoti_torch_cpu_convolution": _served(
+        "etm_fb_convolution(a0, a1, a2, (const int64_t*)a3, a4, (const int64_t*)a5, a6, "
+        "(const int64_t*)a7, a8, a9, (const int64_t*)a10, a11, a12, a13)"
+    ),
+    "aoti_torch_cpu_topk": _served("etm_fb_topk(a0, a1, a2, a3, a4, a5, a6)"),
     "aoti_torch_create_tensor_from_blob": _served(
         "etm_native_borrow(a0, a1, (const int64_t*)a2, (const int64_t*)a3, a4, a5, a6, a7, "
         "(void**)a8)"
