@@ -367,6 +367,9 @@ class Bridge:
         """Detach every Python shim: later calls fail with an error code, in C only."""
         for name in self.forwarded:
             ctypes.c_void_p.in_dll(self.lib, f"etm_fp_{name}").value = None
+        # and libtorch: the fallbacks go to the (unbound) Python half, and a storage
+        # libtorch made that is still held at exit is left to the process's end
+        native_fallbacks.unbind(self.lib)
 
     def shim_counts(self) -> dict[str, tuple[int, int]]:
         """Shim name -> (calls served in C, calls that went to Python) since the load,
