@@ -34,7 +34,7 @@ from etmetal.shims.abi_codes import constant_shims
 from etmetal.shims.model_link import WARNINGS, NativeBuildError, build_files, cache_root
 from etmetal.shims.record_table import Records
 
-from . import abi, native_tensors
+from . import abi, native_fallbacks, native_tensors
 from .device import BridgeSource
 
 
@@ -108,21 +108,28 @@ _NATIVE_BODIES = {
 }
 
 
+# how a native path counts the call it serves (etm_calls, the total, stays as it was)
+_COUNT = "__atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);"
+
+
 def _native_path(decl: abi.Decl, device_paths: Mapping[str, str]) -> str:
-    served = native_tensors.NATIVE_PATHS.get(decl.name) or device_paths.get(decl.name)
+    served = (
+        native_tensors.NATIVE_PATHS.get(decl.name)
+        or native_fallbacks.NATIVE_PATHS.get(decl.name)
+        or device_paths.get(decl.name)
+    )
     if served is not None:
-        return served
+        return served.replace(_COUNT, "ETM_HIT_NATIVE();")
     body = _NATIVE_BODIES.get(decl.name)
     if body is not None:
-        return f"  __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);\n  {body}\n"
+        return f"  ETM_HIT_NATIVE();\n  {body}\n"
     fast = _NATIVE_GETTERS.get(decl.name)
     if fast is None:
         return ""
     cond, body = fast
     return (
         "  { etm_rec* r = etm_rec_of(a0);\n"
-        f"    if (r && {cond}) {{ __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED); "
-        f"{body} return 0; }} }}\n"
+        f"    if (r && {cond}) {{ ETM_HIT_NATIVE(); {body} return 0; }} }}\n"
     )
 
 
@@ -131,7 +138,7 @@ def _releases(name: str) -> bool:
     return any(word in name for word in ("delete", "free", "release", "destroy"))
 
 
-def _forwarder(decl: abi.Decl, device_paths: Mapping[str, str]) -> str:
+def _forwarder(decl: abi.Decl, device_paths: Mapping[str, str], index: int) -> str:
     n = decl.name
     call = f"f({', '.join(f'a{i}' for i in range(len(decl.argtypes)))})"
     ftype = ", ".join(decl.argtypes) or "void"
@@ -143,15 +150,18 @@ def _forwarder(decl: abi.Decl, device_paths: Mapping[str, str]) -> str:
         # destructors, where a throw is std::terminate
         fail = "1" if decl.returns_error and not _releases(n) else "0"
         unbound, body = f"return ({decl.restype}){fail};", f"return {call};"
+    # per-shim counts: index is this shim's row of etm_shim_native / etm_shim_python
     return (
         f"typedef {decl.restype} (*etm_fn_{n})({ftype});\n"
         f"ETM_EXPORT etm_fn_{n} etm_fp_{n} = nullptr;\n"
+        f"#define ETM_SHIM_ROW {index}\n"
         f"ETM_EXPORT {decl.restype} {n}({_params(decl)}) {{\n"
         f"{_native_path(decl, device_paths)}"
-        f"  __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);\n"
+        f"  ETM_HIT_PYTHON();\n"
         f"  etm_fn_{n} f = etm_fp_{n};\n"
         f'  if (!f) {{ etm_last_unbound = "{n}"; {unbound} }}\n'
         f"  {body}\n}}\n"
+        "#undef ETM_SHIM_ROW\n"
     )
 
 
@@ -165,13 +175,29 @@ _HEADER = (
     "#include <cstdint>\n#include <cstddef>\n#include <cstdio>\n#include <stdexcept>\n"
     "#include <string>\n"
     '#include "native_tensors.h"\n'
+    '#include "native_fallbacks.h"\n'
 )
 
 _GLOBALS = """ETM_EXPORT uint64_t etm_calls = 0;
 ETM_EXPORT const char* etm_last_unbound = nullptr;
 ETM_EXPORT char etm_check_message[1024] = {0};
 ETM_EXPORT bool etm_grad_enabled = false;
+#define ETM_BUMP(x) __atomic_fetch_add(&(x), 1, __ATOMIC_RELAXED)
+#define ETM_HIT_NATIVE() (ETM_BUMP(etm_calls), ETM_BUMP(etm_shim_native[ETM_SHIM_ROW]))
+#define ETM_HIT_PYTHON() (ETM_BUMP(etm_calls), ETM_BUMP(etm_shim_python[ETM_SHIM_ROW]))
 """
+
+
+def _counters(n: int) -> str:
+    """Per forwarded shim (in ``forwarded_decls`` order): calls served in C, calls that
+    went to Python (``Bridge.shim_counts``)."""
+    rows = max(n, 1)
+    return (
+        f"ETM_EXPORT int64_t etm_shim_rows = {n};\n"
+        f"ETM_EXPORT uint64_t etm_shim_native[{rows}] = {{0}};\n"
+        f"ETM_EXPORT uint64_t etm_shim_python[{rows}] = {{0}};\n"
+    )
+
 
 _CHECK = """ETM_EXPORT void aoti_torch_check(bool cond, const char* func, const char* file, uint32_t line,
                                  const char* msg) {
@@ -200,18 +226,20 @@ def generate_source(shims: Mapping[str, Callable], sources: Sequence[BridgeSourc
     device_paths: dict[str, str] = {}
     for source in sources:
         device_paths.update(source.native_paths)
+    forwarded = forwarded_decls(shims)
     parts = [
         _HEADER,
         *(s.includes for s in sources),
         'extern "C" {\n',
         _GLOBALS,
+        _counters(len(forwarded)),
         _CHECK,
         *(s.code for s in sources),
     ]
     for name, value in sorted(constant_shims().items()):
         if name in decls and name not in shims:
             parts.append(_constant(decls[name], value))
-    parts.extend(_forwarder(d, device_paths) for d in forwarded_decls(shims))
+    parts.extend(_forwarder(d, device_paths, i) for i, d in enumerate(forwarded))
     parts.append('}  // extern "C"\n')
     return "".join(parts)
 
@@ -223,8 +251,14 @@ def build(source: str) -> Path:
             "libetmetal_bridge.cpp": source.encode(),
             native_tensors.SOURCE.name: native_tensors.SOURCE.read_bytes(),
             native_tensors.HEADER.name: native_tensors.HEADER.read_bytes(),
+            native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
+            native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
         }
-        compiled = ["libetmetal_bridge.cpp", native_tensors.SOURCE.name]
+        compiled = [
+            "libetmetal_bridge.cpp",
+            native_tensors.SOURCE.name,
+            native_fallbacks.SOURCE.name,
+        ]
         return build_files(
             "bridge",
             "libetmetal_bridge.so",
@@ -305,6 +339,17 @@ class Bridge:
         ctypes.memset(ctypes.addressof(recs), 0, ctypes.sizeof(recs))
         base = ctypes.addressof(recs)
         native = native_tensors.NativeTensors(self.lib, base)
+        rows = ctypes.c_int64.in_dll(self.lib, "etm_shim_rows").value
+        if rows != len(self.forwarded):
+            raise BridgeError(
+                f"{path.name} counts {rows} shims, the context forwards {len(self.forwarded)}"
+            )
+        self._shim_native = (ctypes.c_uint64 * max(rows, 1)).in_dll(self.lib, "etm_shim_native")
+        self._shim_python = (ctypes.c_uint64 * max(rows, 1)).in_dll(self.lib, "etm_shim_python")
+        try:  # libtorch's own C shims for the fallbacks served in C
+            self.libtorch_functions = native_fallbacks.bind(self.lib)
+        except native_fallbacks.NativeFallbackError as exc:
+            raise BridgeError(f"the shim trampoline: {exc}") from exc
         ctx.attach_native(
             Records(base, memoryview(recs).cast("B"), python_half, count, native), native
         )
@@ -322,6 +367,19 @@ class Bridge:
         """Detach every Python shim: later calls fail with an error code, in C only."""
         for name in self.forwarded:
             ctypes.c_void_p.in_dll(self.lib, f"etm_fp_{name}").value = None
+        # and libtorch: the fallbacks go to the (unbound) Python half, and a storage
+        # libtorch made that is still held at exit is left to the process's end
+        native_fallbacks.unbind(self.lib)
+
+    def shim_counts(self) -> dict[str, tuple[int, int]]:
+        """Shim name -> (calls served in C, calls that went to Python) since the load,
+        for every forwarded shim called at least once."""
+        native, python = self._shim_native, self._shim_python
+        return {
+            name: (native[i], python[i])
+            for i, name in enumerate(self.forwarded)
+            if native[i] or python[i]
+        }
 
     @property
     def calls(self) -> int:

@@ -53,6 +53,7 @@ from . import native_tensors
 from .bridge import Bridge, BridgeError, build, generate_source
 from .device import BridgeSource, Device
 from .handles import HandleTable
+from .native_fallbacks import check_implementation
 from .storage import Allocator, HostAllocator, ShimError
 
 __all__ = ["MATERIALIZE_MODES", "Device", "ExternNodeRunner", "ShimContext", "check_materialize"]
@@ -118,6 +119,10 @@ class ShimContext:
         # The policy of shim calls made outside any model's run (``c_api``); a model's
         # calls follow the model's own ``materialize`` (``policy``).
         self.materialize = "view"
+        # which implementation serves this context's shims: "native" (C where it can,
+        # native_fallbacks) or "python" (the reference); a model loaded with
+        # shims="python" makes it "python" while the model is open
+        self.implementation = "native"
         # the model whose container call is in progress (its run, or its creation and
         # constant load), None between them: part of the run's record. Shims read the
         # policy from it (``running.materialize``); nothing context-wide is swapped
@@ -233,7 +238,16 @@ class ShimContext:
         copying = self.materialize != "view" or any(
             getattr(m, "materialize", "view") != "view" for m in self._open_model_set
         )
-        native.set_views(not copying)
+        # the reference implementation: while a model that runs on the Python shims is
+        # open, every shim of this context goes to Python (native.set_fallbacks: the
+        # fallbacks and constants of native_fallbacks; allocations and views above)
+        python = self.implementation == "python" or any(
+            getattr(m, "shims", "native") == "python" for m in self._open_model_set
+        )
+        if python:
+            native.set_limit(0)
+        native.set_views(not copying and not python)
+        native.set_fallbacks(not copying and not python)
 
     def model_opened(self, model: object | None = None) -> None:
         """``model`` (anything with ``close()``) is closed by ``close_models`` if still open."""
@@ -302,6 +316,13 @@ class ShimContext:
         """Set how ``_reinterpret_tensor`` treats non-packed views outside model runs (each
         ``AotiModel`` runs with its own policy); returns the previous mode."""
         previous, self.materialize = self.materialize, check_materialize(mode)
+        self.sync_native_policy()
+        return previous
+
+    def set_implementation(self, shims: str) -> str:
+        """Serve this context's shims natively ("native") or all in Python ("python", the
+        reference), for every model of the context; returns the previous choice."""
+        previous, self.implementation = self.implementation, check_implementation(shims)
         self.sync_native_policy()
         return previous
 

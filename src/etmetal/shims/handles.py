@@ -62,7 +62,7 @@ class HandleTable:
             return None
         base = rec.data_ptr - rec.offset * ITEMSIZE[rec.dtype]
         native.disown(handle)  # the record's reference to its allocation is Python's now
-        if rec.kind == native_tensors.OWNED:
+        if rec.kind != native_tensors.BORROWED:  # counted storage: C's or libtorch's
             storage = self.native_storages.get(base)
             if storage is None:  # the first view of this allocation Python adopts
                 storage = Storage.native(base, rec.storage_bytes, native.unref_python)

@@ -25,6 +25,7 @@ from .model_run import (
     nested_run_error,
     raise_unchecked,
 )
+from .native_fallbacks import check_implementation
 from .proxy_executor import ExternNodeError, ProxyExecutor
 from .standard_context import default_context
 from .steady_run import SteadyRun
@@ -113,6 +114,10 @@ class AotiModel:
     ``constants`` (instead of ``weights_blob``): AOTI constant name -> cpu tensor, lent to
     the container as user-managed constants (no copy; see :mod:`.user_constants`), so
     several models can read one copy; the tensors must outlive the model.
+    ``shims``: "native" (the default) serves the hot shims, the common CPU fallbacks and
+    the constants in C (:mod:`.native_fallbacks`); "python" runs every shim of the context
+    through the Python implementation, the reference, while this model is open.
+    ``stats()`` says how many calls of each shim went where.
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class AotiModel:
         device: str = HOST.container_device,
         extern_nodes: str | bytes | bytearray | memoryview | None = None,
         constants: Mapping[str, torch.Tensor] | None = None,
+        shims: str = "native",
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
@@ -132,6 +138,9 @@ class AotiModel:
         self._device_type = DEVICES[device]
         self.so_path = Path(so_path)
         self.materialize = check_materialize(materialize)
+        # which implementation serves the shims while this model is open: "native" (C
+        # where it can: native_fallbacks) or "python", the reference (every shim in Python)
+        self.shims = check_implementation(shims)
         self.context = ctx = context or default_context()
         self._container = None
         self._runner: ModelRunner | None = None  # made with the container (``model_run``)
@@ -194,7 +203,10 @@ class AotiModel:
             ctx.running = self  # creation and constant loading follow this model's policy
             try:
                 ctx.take_unchecked_error()
-                self._create()
+                # the container makes its constants now: natively borrowed records while
+                # the native implementation serves (native_fallbacks)
+                with ctx.native.borrowing(ctx.native.fallbacks):
+                    self._create()
                 try:
                     raise_unchecked(ctx, self.so_path.name, "loading the model")
                 except BaseException:
@@ -313,24 +325,41 @@ class AotiModel:
             raise AotiModelError(str(exc)) from exc
         ctx = self.context
         before = set(ctx.handles)
+        native = ctx.native
+        # lent as native borrowed records while the native implementation serves
+        lend_native = native is not None and native.fallbacks and self._device_type == DEVICE_CPU
+        native_aliases: list[int] = []
         try:
-            self._constant_handles = user_constants.lend(
-                self._lib,
-                self._container,
-                {n: self.constants[n] for n, _, _ in stored},
-                ctx.register,
-                ctx.unregister,
-                self._device_type,
-                self._check,
-            )
+            with contextlib.ExitStack() as stack:
+                if lend_native:
+                    native_aliases = stack.enter_context(native.aliases(len(stored)))
+                self._constant_handles = user_constants.lend(
+                    self._lib,
+                    self._container,
+                    {n: self.constants[n] for n, _, _ in stored},
+                    ctx.register,
+                    ctx.unregister,
+                    self._device_type,
+                    self._check,
+                    native=native if lend_native else None,
+                )
         finally:
             # torch's container keeps each user-managed constant under a handle of its own
             # (MaybeOwningAtenTensorHandle(handle, user_managed=true) calls
             # aoti_torch_new_tensor_handle) that nothing ever deletes: ours to release
-            # after the container, with the lent handles
+            # after the container, with the lent handles (C logged the native ones)
             lent = set(self._constant_handles)
             aliases = [h for h in ctx.handles if h not in before and h not in lent]
-            self._constant_handles = [*self._constant_handles, *aliases]
+            self._constant_handles = [*self._constant_handles, *aliases, *native_aliases]
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Shim name -> {"native": calls served in C, "python": calls that reached Python},
+        counted by the bridge of this model's context since it was loaded (every model of
+        the context adds to it: take the difference around the runs to count)."""
+        return {
+            name: {"native": native, "python": python}
+            for name, (native, python) in self._bridge.shim_counts().items()
+        }
 
     def close(self) -> None:
         """Delete the container (its constants go with it) and forget the weights."""

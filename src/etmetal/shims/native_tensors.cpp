@@ -83,34 +83,65 @@ ETM_EXPORT void etm_mem_empty_cache() {
   etm_cache.clear();
   etm_native_cached = 0;
 }
-// the data of the allocation a native record of kind 1 views
+// the data of the allocation a native record of kind 1 or 3 views
 static void* etm_block_data(const etm_rec* r) {
   return (void*)(intptr_t)(r->data_ptr - r->offset * etm_itemsize[r->dtype]);
 }
-static void etm_block_unref(void* data) {
-  etm_block* b = etm_block_at(data);
+// Storages libtorch made (the new tensors of a fallback served in C, kind 3) cannot carry
+// a header: their counts live here, keyed by the storage's data, with the libtorch handle
+// that keeps the storage alive until the last native record and Python storage are gone
+typedef struct {
+  etm_block counts;
+  void* owner;
+} etm_foreign;
+static std::unordered_map<intptr_t, etm_foreign*>& etm_foreign_blocks =
+    *new std::unordered_map<intptr_t, etm_foreign*>();
+ETM_EXPORT etm_release_fn etm_foreign_release = nullptr;  // libtorch's delete (native_fallbacks)
+ETM_EXPORT int64_t etm_foreign_live = 0;
+static etm_foreign* etm_foreign_at(void* data) {
+  if (etm_foreign_blocks.empty()) return nullptr;
+  auto it = etm_foreign_blocks.find((intptr_t)data);
+  return it == etm_foreign_blocks.end() ? nullptr : it->second;
+}
+// the counts of the storage a record of kind 1 or 3 views
+static etm_block* etm_block_of(const etm_rec* r) {
+  void* data = etm_block_data(r);
+  return r->native == 3 ? &etm_foreign_at(data)->counts : etm_block_at(data);
+}
+static void etm_block_unref(void* data, etm_foreign* f) {
+  etm_block* b = f ? &f->counts : etm_block_at(data);
   if (--b->refs) return;
   etm_native_stores--;
   etm_native_bytes -= b->nbytes;
-  etm_mem_free(data, b->nbytes);
+  if (!f) {
+    etm_mem_free(data, b->nbytes);
+    return;
+  }
+  etm_foreign_blocks.erase((intptr_t)data);
+  if (etm_foreign_release) etm_foreign_release(f->owner);
+  etm_foreign_live--;
+  delete f;
 }
 // a Python Storage over the allocation at data (etm_native_disown gave it its reference)
 // is gone; the allocation is freed when no native record views it either
 ETM_EXPORT void etm_block_unref_python(void* data) {
-  etm_block* b = etm_block_at(data);
+  etm_foreign* f = etm_foreign_at(data);
+  etm_block* b = f ? &f->counts : etm_block_at(data);
   if (--b->py_refs == 0) {  // C's again: counted as a native storage until freed
     etm_native_stores++;
     etm_native_bytes += b->nbytes;
   }
-  etm_block_unref(data);
+  etm_block_unref(data, f);
 }
 // native records other than Python's storages that view the allocation at data
 ETM_EXPORT int64_t etm_block_native_refs(void* data) {
-  etm_block* b = etm_block_at(data);
+  etm_foreign* f = etm_foreign_at(data);
+  etm_block* b = f ? &f->counts : etm_block_at(data);
   return b->refs - b->py_refs;
 }
 void etm_native_delete(etm_rec* r) {
-  if (r->native == 1) etm_block_unref(etm_block_data(r));
+  if (r->native == 1) etm_block_unref(etm_block_data(r), nullptr);
+  else if (r->native == 3) etm_block_unref(etm_block_data(r), etm_foreign_at(etm_block_data(r)));
   else etm_native_borrowed--;
   etm_native_live--;
   etm_slot_give(r);
@@ -120,8 +151,8 @@ void etm_native_delete(etm_rec* r) {
 ETM_EXPORT int32_t etm_native_disown(void* h) {
   etm_rec* r = etm_rec_of(h);
   if (!r || !r->native) return 1;
-  if (r->native == 1) {
-    etm_block* b = etm_block_at(etm_block_data(r));
+  if (r->native != 2) {
+    etm_block* b = etm_block_of(r);
     if (b->py_refs++ == 0) {  // Python's storage now: its statistics count it
       etm_native_stores--;
       etm_native_bytes -= b->nbytes;
@@ -236,8 +267,110 @@ int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_
   char* data = (char*)(intptr_t)(base->data_ptr - base->offset * item);
   etm_fill(r, data, item, ndim, sizes, strides, offset, numel, base->dtype, base->native,
            base->storage_bytes);
-  if (r->native == 1) etm_block_at(data)->refs++;
-  else etm_native_borrowed++;
+  if (r->native == 2) etm_native_borrowed++;
+  else etm_block_of(r)->refs++;
+  *ret = r;
+  return 1;
+}
+
+// ---- constants and shared weights lent as native borrowed records ----
+// 1 while create_tensor_from_blob and new_tensor_handle may be served here (the "native"
+// implementation; Python sets it)
+ETM_EXPORT int64_t etm_native_borrows = 0;
+// while Python lends a model its shared constants, the aliases the container makes of them
+// (new_tensor_handle, which it never deletes) are written here, so the model can delete
+// them after its container: Python points it at an array of etm_alias_cap handles
+ETM_EXPORT void** etm_alias_log = nullptr;
+ETM_EXPORT int64_t etm_alias_cap = 0, etm_alias_len = 0;
+
+int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                      int64_t offset, int32_t dtype, int32_t device_type, int32_t device_index,
+                      void** ret) {
+  if (!etm_native_borrows || !ret || !data || ndim < 0 || ndim > ETM_MAX_DIMS ||
+      (ndim && !sizes) || offset < 0 || device_type != 0 ||
+      (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
+      !etm_itemsize[dtype])
+    return 0;
+  int64_t st[ETM_MAX_DIMS], numel, extent, acc = 1, end;
+  for (int64_t d = ndim - 1; d >= 0; d--) {  // contiguous strides when none are given
+    if (sizes[d] < 0) return 0;
+    st[d] = strides ? strides[d] : acc;
+    if (__builtin_mul_overflow(acc, sizes[d] > 1 ? sizes[d] : 1, &acc)) return 0;
+  }
+  int64_t item = etm_itemsize[dtype];
+  if (!etm_geometry(ndim, sizes, st, &numel, &extent) || !extent ||
+      __builtin_add_overflow(offset, extent, &end) || __builtin_mul_overflow(end, item, &end))
+    return 0;  // no elements, or out of range: Python's shim serves or reports it
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  etm_fill(r, (char*)data, item, ndim, sizes, st, offset, numel, dtype, 2, end);
+  etm_native_borrowed++;
+  *ret = r;
+  return 1;
+}
+
+// another handle of the same native tensor (new_tensor_handle): counts like a view
+int etm_native_alias(void* self, void** ret) {
+  if (!etm_native_borrows || !ret) return 0;
+  etm_rec* base = etm_rec_of(self);
+  if (!base || !base->native || (etm_alias_log && etm_alias_len >= etm_alias_cap)) return 0;
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  std::memcpy(r, base, sizeof(etm_rec));
+  etm_native_live++;
+  if (r->native == 2) etm_native_borrowed++;
+  else etm_block_of(r)->refs++;
+  if (etm_alias_log) etm_alias_log[etm_alias_len++] = r;
+  *ret = r;
+  return 1;
+}
+
+// a borrowed record over [data, data + storage_bytes) for Python (a lent constant); NULL
+// when none is free or the geometry is not served natively
+ETM_EXPORT void* etm_native_lend(void* data, int64_t ndim, const int64_t* sizes,
+                                 const int64_t* strides, int64_t offset, int32_t dtype,
+                                 int64_t storage_bytes) {
+  void* h = nullptr;
+  int64_t on = etm_native_borrows;
+  etm_native_borrows = 1;
+  int ok = etm_native_borrow(data, ndim, sizes, strides, offset, dtype, 0, 0, &h);
+  etm_native_borrows = on;
+  if (!ok) return nullptr;
+  etm_rec* r = (etm_rec*)h;
+  if (storage_bytes < r->storage_bytes) { etm_native_delete(r); return nullptr; }
+  r->storage_bytes = storage_bytes;  // the whole storage: views may reach all of it
+  return h;
+}
+
+int etm_native_adopt(void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                     const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype,
+                     void** ret) {
+  if (!owner || !data || !ret || storage_bytes <= 0 || ndim < 0 || ndim > ETM_MAX_DIMS ||
+      (ndim && (!sizes || !strides)) || offset < 0 || dtype < 0 || dtype >= ETM_NDTYPES ||
+      !etm_itemsize[dtype])
+    return 0;
+  int64_t item = etm_itemsize[dtype], numel, extent, end = 0;
+  if (!etm_geometry(ndim, sizes, strides, &numel, &extent) ||
+      (extent && (__builtin_add_overflow(offset, extent, &end) ||
+                  __builtin_mul_overflow(end, item, &end))) ||
+      end > storage_bytes)
+    return 0;
+  etm_foreign* f = etm_foreign_at(data);
+  if (f && f->counts.nbytes != storage_bytes) return 0;  // cannot be the same storage
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  // first: sizes and strides may be the owner's own arrays
+  etm_fill(r, (char*)data, item, ndim, sizes, strides, offset, numel, dtype, 3, storage_bytes);
+  if (f) {  // another tensor of a storage already here: that one's owner keeps it alive
+    f->counts.refs++;
+    if (etm_foreign_release) etm_foreign_release(owner);
+  } else {
+    f = new etm_foreign{{1, 0, storage_bytes, {0, 0, 0, 0, 0}}, owner};
+    etm_foreign_blocks[(intptr_t)data] = f;
+    etm_foreign_live++;
+    etm_native_stores++;
+    etm_native_bytes += storage_bytes;
+  }
   *ret = r;
   return 1;
 }
@@ -271,10 +404,11 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
   }
   for (int64_t i = 0; i < c->n_out; i++) {
     etm_rec* r = etm_rec_of(c->out_handles[i]);
-    if (r && rc != 0 && r->native == 1) { etm_native_delete(r); c->out_handles[i] = nullptr; }
+    bool made = r && (r->native == 1 || r->native == 3);  // a buffer, not a borrowed input
+    if (made && rc != 0) { etm_native_delete(r); c->out_handles[i] = nullptr; }
     if (!c->out_handles[i]) continue;
     c->pending++;
-    if (!r || r->native != 1 || rc != 0) continue;
+    if (!made || rc != 0) continue;
     const etm_out* o = &c->outs[i];
     int64_t dst = c->dsts[i];
     if (!dst || r->offset || r->dtype != o->dtype || r->dim != o->dim || r->storage_bytes != o->nbytes ||

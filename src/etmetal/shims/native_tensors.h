@@ -28,7 +28,9 @@ typedef struct {
   int32_t dtype, device_type;
   int64_t sizes[ETM_MAX_DIMS];
   int64_t strides[ETM_MAX_DIMS];
-  int64_t native;         // 0: Python's tensor; 1: views a native allocation; 2: borrows an input
+  // 0: Python's tensor; 1: views a native allocation; 2: borrows (an input, a constant);
+  // 3: views a storage libtorch made (a fallback's result)
+  int64_t native;
   int64_t storage_bytes;  // native records: bytes of the allocation or the borrowed storage
 } etm_rec;
 
@@ -84,6 +86,22 @@ int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides,
 // storage; 0: not served here (the policy says materialize, an error for Python to report)
 int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_t* strides,
                     int64_t offset_increment, void** ret);
+// create_tensor_from_blob of host memory: a borrowed record (never frees the memory);
+// 0: not served here
+int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+                      int64_t offset, int32_t dtype, int32_t device_type, int32_t device_index,
+                      void** ret);
+// new_tensor_handle of a native tensor: another record of the same tensor; 0: not served here
+int etm_native_alias(void* self, void** ret);
+// a storage libtorch made, adopted as a native record of kind 3 (no copy): data and
+// storage_bytes are the storage's; owner, the libtorch handle that keeps it alive, is
+// released through etm_foreign_release once no record or Python storage uses it (at
+// once when the storage is here already). 0: not adopted (owner is still the caller's)
+typedef int32_t (*etm_release_fn)(void*);
+ETM_EXPORT extern etm_release_fn etm_foreign_release;
+int etm_native_adopt(void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                     const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype,
+                     void** ret);
 // free a native record (owned allocation or borrowed input) and give its slot back
 void etm_native_delete(etm_rec* r);
 

@@ -44,7 +44,8 @@ NDTYPES = 64  # ETM_NDTYPES: dtype codes etm_itemsize covers
 NATIVE_LIMIT = 1 << 20  # largest empty_strided served natively, bytes (bigger: Python's)
 CACHE_LIMIT = 64 << 20  # freed native allocations kept for reuse, bytes
 
-OWNED, BORROWED = 1, 2  # etm_rec.native
+# etm_rec.native: a native allocation, borrowed memory, a storage libtorch made
+OWNED, BORROWED, FOREIGN = 1, 2, 3
 
 NATIVE_DIR = Path(__file__).parent
 SOURCE = NATIVE_DIR / "native_tensors.cpp"  # linked into the bridge next to the trampoline
@@ -189,7 +190,7 @@ def check_layout(lib: ctypes.CDLL) -> None:
 class NativeRecord:
     """What a native record says about its tensor (read when Python adopts it)."""
 
-    kind: int  # OWNED or BORROWED
+    kind: int  # OWNED, BORROWED or FOREIGN
     data_ptr: int
     dtype: int
     sizes: tuple[int, ...]
@@ -257,6 +258,23 @@ class NativeTensors:
         # what a Python Storage over a native allocation calls when it goes (NativeBlock)
         self.unref_python = lib.etm_block_unref_python
         self._views = ctypes.c_int64.in_dll(lib, "etm_native_views")
+        # the fallbacks of native_fallbacks, and its borrowed constants
+        self._fallbacks = ctypes.c_int64.in_dll(lib, "etm_native_fallbacks")
+        self._borrows = ctypes.c_int64.in_dll(lib, "etm_native_borrows")
+        self._alias_log = ctypes.c_void_p.in_dll(lib, "etm_alias_log")
+        self._alias_cap = ctypes.c_int64.in_dll(lib, "etm_alias_cap")
+        self._alias_len = ctypes.c_int64.in_dll(lib, "etm_alias_len")
+        self._lend = lib.etm_native_lend
+        self._lend.restype = ctypes.c_void_p
+        self._lend.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int32,
+            ctypes.c_int64,
+        ]
         itemsizes = (ctypes.c_int8 * NDTYPES).in_dll(lib, "etm_itemsize")
         for code, size in ITEMSIZE.items():
             itemsizes[code] = size
@@ -271,6 +289,50 @@ class NativeTensors:
     def set_views(self, on: bool) -> None:
         """Serve ``_reinterpret_tensor`` of native tensors natively (the "view" policy)."""
         self._views.value = int(on)
+
+    def set_fallbacks(self, on: bool) -> None:
+        """Serve the fallbacks of ``native_fallbacks`` in C."""
+        self._fallbacks.value = int(on)
+
+    @property
+    def fallbacks(self) -> bool:
+        return bool(self._fallbacks.value)
+
+    @contextlib.contextmanager
+    def borrowing(self, on: bool):
+        """Inside the block (a container loading its constants), ``create_tensor_from_blob``
+        and ``new_tensor_handle`` of native tensors make native borrowed records."""
+        previous, self._borrows.value = self._borrows.value, int(on)
+        try:
+            yield
+        finally:
+            self._borrows.value = previous
+
+    def lend(
+        self, data: int, dtype: int, sizes, strides, offset: int, storage_bytes: int
+    ) -> int | None:
+        """A native borrowed record over ``storage_bytes`` at ``data`` (a shared constant);
+        None when the record table is full or the geometry is not served natively."""
+        n = len(sizes)
+        if n > MAX_DIMS:
+            return None
+        sz, st = (ctypes.c_int64 * max(n, 1))(*sizes), (ctypes.c_int64 * max(n, 1))(*strides)
+        return self._lend(data, n, sz, st, offset, dtype, storage_bytes) or None
+
+    @contextlib.contextmanager
+    def aliases(self, capacity: int):
+        """Collect the handles ``new_tensor_handle`` makes in C inside the block (a list,
+        filled when the block ends): a container never deletes its constants' aliases."""
+        log = (ctypes.c_void_p * max(capacity, 1))()
+        made: list[int] = []
+        self._alias_cap.value, self._alias_len.value = capacity, 0
+        self._alias_log.value = ctypes.addressof(log)
+        try:
+            yield made
+        finally:
+            made.extend(log[i] for i in range(self._alias_len.value))
+            self._alias_log.value = None
+            self._alias_cap.value = self._alias_len.value = 0
 
     def native_refs(self, data: int) -> int:
         """Native records viewing the allocation at ``data`` (besides Python's storages)."""
@@ -287,7 +349,7 @@ class NativeTensors:
             self._memory, handle - self.records_base
         )
         kind, storage_bytes = rest[-2], rest[-1]
-        if not live or kind not in (OWNED, BORROWED):
+        if not live or kind not in (OWNED, BORROWED, FOREIGN):
             return None
         sizes = tuple(rest[:dim])
         strides = tuple(rest[MAX_DIMS : MAX_DIMS + dim])

@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import torch
 
 from etmetal.shims.abi_codes import TORCH_TO_DTYPE
 
 from .storage import ShimError, Storage, tensor_from_torch
+
+
+class NativeLender(Protocol):
+    """What lending needs of the bridge's native tensors (``native_tensors.NativeTensors``)."""
+
+    def lend(
+        self, data: int, dtype: int, sizes, strides, offset: int, storage_bytes: int
+    ) -> int | None: ...
 
 
 class ConstantEntry(ctypes.Structure):
@@ -118,9 +127,14 @@ def lend(
     unregister: Callable[[int], None],
     device_type: int,
     check: Callable[[int, str], None],
+    native: NativeLender | None = None,
 ) -> list[int]:
     """Register a shim tensor over each offered constant and hand the handles to the
-    container; returns the handles (the caller deletes them after the container)."""
+    container; returns the handles (the caller deletes them after the container).
+
+    With ``native`` (the bridge's native tensors), each constant is a native borrowed
+    record instead, so the container's views and deletes of it stay in C (a constant C
+    cannot describe is Python's, as without)."""
     handles: list[int] = []
     names = list(offered)
     pairs = (ConstantEntry * max(len(names), 1))()
@@ -128,10 +142,22 @@ def lend(
     for i, (name, raw) in enumerate(zip(names, encoded)):
         t = offered[name]
         untyped = t.untyped_storage()
-        storage = Storage(
-            untyped.data_ptr(), untyped.nbytes(), owned=False, device_type=device_type
-        )
-        handle = register(tensor_from_torch(t, storage))
+        handle = None
+        code = TORCH_TO_DTYPE.get(t.dtype)
+        if native is not None and code is not None and t.numel():
+            handle = native.lend(
+                untyped.data_ptr(),
+                code,
+                tuple(t.shape),
+                t.stride(),
+                t.storage_offset(),
+                untyped.nbytes(),
+            )
+        if handle is None:
+            storage = Storage(
+                untyped.data_ptr(), untyped.nbytes(), owned=False, device_type=device_type
+            )
+            handle = register(tensor_from_torch(t, storage))
         handles.append(handle)
         pairs[i].name, pairs[i].handle = raw, handle
     try:

@@ -1,0 +1,211 @@
+"""Native shims against the Python reference and torch's AOTI runner (issue 25).
+
+For the two-method LM (decode step, prefill) and the tiny model (through the shims and
+through the ``.pte`` path), run interleaved in one process: torch's own runner over the
+same exported method built with libtorch, and etmetal on its native shims and on its
+Python shims (``ShimContext.set_implementation``). Each arm reports the median CPU time
+(``time.process_time``) beside the median wall time, and etmetal's arms the shim calls
+per run that were served in C and that reached Python (``Bridge.shim_counts``).
+
+Run it with ``python -m etmetal.bench.native_shims [--config tiny|30m]``; it lives apart
+from the bench drivers so it can be wired into ``etmetal bench`` as one more suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROMPT = 32
+
+
+def _sample(fn: Callable[[], Any], inner: int) -> tuple[float, float]:
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - w0) / inner, (time.process_time() - c0) / inner
+
+
+def interleaved_cpu(
+    arms: Sequence[tuple[str, Callable[[], Any]]], repeat: int, inner: int, budget_s: float
+) -> dict[str, tuple[float, float]]:
+    """name -> (median wall s, median CPU s) per call, the arms run in turns."""
+    for _, fn in arms:
+        fn()
+    walls: dict[str, list[float]] = {n: [] for n, _ in arms}
+    cpus: dict[str, list[float]] = {n: [] for n, _ in arms}
+    start = time.perf_counter()
+    for rnd in range(repeat):
+        for name, fn in arms:
+            w, c = _sample(fn, inner)
+            walls[name].append(w)
+            cpus[name].append(c)
+        if rnd >= 4 and time.perf_counter() - start > budget_s:
+            break
+    return {n: (statistics.median(walls[n]), statistics.median(cpus[n])) for n, _ in arms}
+
+
+def counts_per_run(ctx, fn: Callable[[], Any], runs: int = 5) -> tuple[float, float]:
+    """(native, Python) shim calls per call of ``fn`` on ``ctx``'s bridge."""
+    fn()
+    before = ctx.bridge.shim_counts()
+    for _ in range(runs):
+        fn()
+    after = ctx.bridge.shim_counts()
+    native = sum(a[0] - before.get(n, (0, 0))[0] for n, a in after.items())
+    python = sum(a[1] - before.get(n, (0, 0))[1] for n, a in after.items())
+    return native / runs, python / runs
+
+
+def _report(case: str, timings: dict[str, tuple[float, float]], counts: dict) -> dict:
+    ref_wall, ref_cpu = timings["torch_aoti"]
+    print(f"  {case}:")
+    rows = {}
+    for name, (wall, cpu) in timings.items():
+        line = f"    {name:16s} wall {wall * 1e6:10.1f} us  cpu {cpu * 1e6:10.1f} us"
+        if name != "torch_aoti":
+            line += f"  x{wall / ref_wall:.3f} wall  x{cpu / ref_cpu:.3f} cpu"
+        if name in counts:
+            native, python = counts[name]
+            line += f"  shim calls/run: {native:.0f} in C, {python:.0f} to Python"
+        print(line)
+        rows[name] = {"wall_us": wall * 1e6, "cpu_us": cpu * 1e6, "counts": counts.get(name)}
+    return rows
+
+
+def _switching(ctx, shims: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run on the ``shims`` implementation of ``ctx`` (switched per call: cheap)."""
+
+    def run():
+        previous = ctx.set_implementation(shims)
+        try:
+            return fn()
+        finally:
+            ctx.set_implementation(previous)
+
+    return run
+
+
+def bench_lm(config: str, programs: Path, repeat: int, budget: float) -> dict:
+    from etmetal.bench.llm import _runner, lower_programs
+    from etmetal.examples import llm
+    from etmetal.runtime import Runtime
+    from etmetal.shims import default_context
+
+    model = llm.make_decoder_lm(llm.CONFIGS[config])
+    pte = lower_programs(model, config, programs)["shared"]
+    exports = llm.lm_exports(model, prompt_len=PROMPT)
+    ctx = default_context()
+    cases = {
+        "prefill": [torch.randint(0, model.cfg.vocab, (1, PROMPT)), torch.arange(PROMPT)],
+        "decode": [torch.tensor([[7]]), torch.tensor([PROMPT])],
+    }
+    # one program per implementation, loaded once: prefill fills the KV cache its decode
+    # method reads (the shared layout), as in the eager model
+    programs_by_shims = {}
+    for shims in ("native", "python"):
+        ctx.set_implementation(shims)  # the methods' constants follow it at load
+        programs_by_shims[shims] = Runtime.get().load_program(str(pte), trust_native_code=True)
+    ctx.set_implementation("native")
+    out = {}
+    for name, inputs in cases.items():
+        runs = {}
+        for shims, program in programs_by_shims.items():
+            if shims == "python":
+                ctx.set_implementation(shims)
+            try:
+                runs[shims] = (program, program.load_method(name))
+            finally:
+                ctx.set_implementation("native")
+        runner = _runner(exports[name])
+        with torch.no_grad():
+            want = model(*inputs)
+        outs = {s: m.execute(inputs)[0] for s, (_, m) in runs.items()}
+        outs["torch_aoti"] = runner.run(inputs)[0]
+        errs = {k: (v - want).abs().max().item() for k, v in outs.items()}
+        if max(errs.values()) > 1e-3 * max(1.0, want.abs().max().item()):
+            raise SystemExit(f"native_shims: {name}: outputs differ from eager: {errs}")
+        native_m, python_m = runs["native"][1], runs["python"][1]
+        arms = [
+            ("torch_aoti", lambda r=runner, i=inputs: r.run(i)),
+            ("etmetal_native", lambda m=native_m, i=inputs: m.execute(i)),
+            (
+                "etmetal_python",
+                _switching(ctx, "python", lambda m=python_m, i=inputs: m.execute(i)),
+            ),
+        ]
+        timings = interleaved_cpu(arms, repeat=repeat, inner=1, budget_s=budget)
+        counts = {
+            "etmetal_native": counts_per_run(ctx, arms[1][1]),
+            "etmetal_python": counts_per_run(ctx, arms[2][1]),
+        }
+        out[f"lm_{config}_{name}"] = _report(f"lm {config} {name}", timings, counts)
+    return out
+
+
+def bench_tiny(repeat: int, budget: float, tmp: Path) -> dict:
+    from etmetal.backend.aoti_compile import compile_exported_program
+    from etmetal.bench.aoti_runner import torch_runner
+    from etmetal.examples.bench import models
+    from etmetal.scripts.bench_delegate import delegate_method
+    from etmetal.shims import AotiModel, default_context
+
+    spec = models()["tiny"]
+    module = spec.make_module().eval()
+    inputs = list(spec.make_inputs())
+    ep = torch.export.export(module, tuple(inputs))
+    art = compile_exported_program(ep)
+    torch_art = compile_exported_program(ep, link_libtorch=True)
+    runner = torch_runner(torch_art.so_path, torch_art.weights_path)
+    ctx = default_context()
+    blob = art.weights_path.read_bytes()
+    native = AotiModel(art.so_path, blob)
+    method, _ = delegate_method(module, tuple(inputs), tmp)
+    with torch.no_grad():
+        want = module(*inputs)
+    for got in (native.run(inputs)[0], method.execute(inputs)[0], runner.run(inputs)[0]):
+        if not torch.allclose(got, want, atol=1e-5):
+            raise SystemExit("native_shims: tiny: outputs differ from eager")
+    arms = [
+        ("torch_aoti", lambda: runner.run(inputs)),
+        ("etmetal_shims", lambda: native.run(inputs)),
+        ("etmetal_pte", lambda: method.execute(inputs)),
+        ("etmetal_shims_py", _switching(ctx, "python", lambda: native.run(inputs))),
+    ]
+    timings = interleaved_cpu(arms, repeat=repeat, inner=2000, budget_s=budget)
+    counts = {name: counts_per_run(ctx, fn) for name, fn in arms[1:]}
+    result = {"tiny": _report("tiny", timings, counts)}
+    native.close()
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m etmetal.bench.native_shims")
+    parser.add_argument("--config", default="tiny", help="LM size: tiny (default) or 30m")
+    parser.add_argument("--programs", metavar="DIR", help="keep the lowered LM programs here")
+    parser.add_argument("--repeat", type=int, default=40)
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per case at most")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-lm", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"native shims vs Python shims vs torch's AOTI runner ({args.threads} thread(s)), ")
+    print("medians of interleaved runs, CPU time beside wall time:")
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_tiny(args.repeat, args.budget, Path(tmp))
+        if not args.no_lm:
+            programs = Path(args.programs) if args.programs else Path(tmp)
+            programs.mkdir(parents=True, exist_ok=True)
+            bench_lm(args.config, programs, args.repeat, args.budget)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

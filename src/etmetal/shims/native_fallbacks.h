@@ -1,0 +1,47 @@
+// The common CPU fallbacks (mm_out, addmm_out, bmm_out, baddbmm_out) served in C by
+// libtorch's own exported C shims (shims/native_fallbacks.py explains the design).
+#ifndef ETMETAL_NATIVE_FALLBACKS_H
+#define ETMETAL_NATIVE_FALLBACKS_H
+
+#include "native_tensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// one libtorch function the fallbacks call: its C name, the signature this unit calls it
+// with (pointers spelled void*, as shims/abi.py reduces torch's headers) and the slot
+// Python fills with its address (dlsym in the libtorch_cpu torch has loaded)
+typedef struct {
+  const char* name;
+  const char* signature;
+  void** slot;
+} etm_lt_entry;
+
+ETM_EXPORT extern const etm_lt_entry etm_lt_table[];
+ETM_EXPORT extern const int64_t etm_lt_count;
+// 1 while the fallbacks may be served here (set by Python: the "native" implementation)
+ETM_EXPORT extern int64_t etm_native_fallbacks;
+
+// each: 1 when served here, 0 when Python must serve (or report) the call
+int etm_fb_mm_out(void* out, void* self, void* mat2);
+int etm_fb_bmm_out(void* out, void* self, void* mat2);
+int etm_fb_addmm_out(void* out, void* self, void* mat1, void* mat2, double beta, double alpha);
+int etm_fb_baddbmm_out(void* out, void* self, void* b1, void* b2, double beta, double alpha);
+
+// ops returning new tensors: libtorch's results become native records of kind 3
+int etm_fb_sdpa_flash(void* q, void* k, void* v, double dropout_p, int32_t is_causal, void* mask,
+                      void* scale, void* ret0, void* ret1);
+int etm_fb_convolution(void* input, void* weight, void* bias, const int64_t* stride,
+                       int64_t stride_len, const int64_t* padding, int64_t padding_len,
+                       const int64_t* dilation, int64_t dilation_len, int32_t transposed,
+                       const int64_t* output_padding, int64_t output_padding_len, int64_t groups,
+                       void* ret0);
+int etm_fb_topk(void* self, int64_t k, int64_t dim, int32_t largest, int32_t sorted, void* ret0,
+                void* ret1);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // ETMETAL_NATIVE_FALLBACKS_H

@@ -1,0 +1,213 @@
+"""The fallbacks and constants served in C (``shims.native_fallbacks``) against the Python
+shims, the reference: the same outputs bit for bit, the same shim calls, and a steady
+run of the demo models that never reaches Python."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from etmetal.backend.aoti_compile import compile_exported_program
+from etmetal.examples import metal_registry
+from etmetal.examples.demo import DEMO_MODELS, get_demo
+from etmetal.runtime import Runtime
+from etmetal.shims import AotiModel, default_context, memory_stats
+from etmetal.shims import native_fallbacks as nf
+from etmetal.shims.abi import declarations
+
+# a sample of the registry (its fallbacks: mm, addmm, convolution, attention, topk)
+REGISTRY_SAMPLE = ("mm", "addmm", "linear_bias", "conv1d_bias", "sdpa", "sdpa_strided", "topk")
+
+
+@pytest.fixture
+def no_leaks():
+    yield
+    stats = memory_stats()
+    assert (stats.tensors, stats.storages, stats.bytes) == (0, 0, 0), stats
+
+
+def _compiled(module, inputs):
+    return compile_exported_program(torch.export.export(module, tuple(inputs)))
+
+
+def _delta(after: dict, before: dict) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name, counts in after.items():
+        was = before.get(name, {"native": 0, "python": 0})
+        d = (counts["native"] - was["native"], counts["python"] - was["python"])
+        if d != (0, 0):
+            out[name] = d
+    return out
+
+
+def _steady(art, inputs, shims: str, runs: int = 3):
+    """Outputs of the first run and per-shim counts of ``runs`` steady runs after it."""
+    with AotiModel(art.so_path, art.weights_path.read_bytes(), shims=shims) as model:
+        first = [t.clone() for t in model.run(list(inputs))]
+        before = model.stats()
+        last = None
+        for _ in range(runs):
+            last = model.run(list(inputs))
+        counts = _delta(model.stats(), before)
+    return first, last, counts
+
+
+def test_every_libtorch_function_is_bound_with_its_header_signature():
+    bridge = default_context().load_bridge()
+    decls = declarations()
+    assert set(bridge.libtorch_functions) >= {
+        "aoti_torch_cpu_mm_out",
+        "aoti_torch_cpu_addmm_out",
+        "aoti_torch_create_tensor_from_blob",
+        "aoti_torch_delete_tensor_object",
+    }
+    for name, sig in bridge.libtorch_functions.items():
+        assert sig == nf.signature(decls[name]), name
+
+
+def test_the_implementation_option_is_checked():
+    with pytest.raises(ValueError, match="shims must be one of"):
+        AotiModel("/nonexistent.so", shims="fortran")
+    with pytest.raises(ValueError, match="shims must be one of"):
+        default_context().set_implementation("c")
+
+
+@pytest.mark.parametrize("demo", DEMO_MODELS, ids=lambda d: d.name)
+def test_demo_models_run_with_no_python_shim_call_and_match_the_reference(demo, no_leaks):
+    module, inputs = get_demo(demo.name)
+    art = _compiled(module, inputs)
+    native_first, native_out, native = _steady(art, inputs, "native")
+    python_first, python_out, python = _steady(art, inputs, "python")
+    # bit for bit against the Python shims, and close to eager
+    for a, b in zip([*native_first, *native_out], [*python_first, *python_out]):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    with torch.no_grad():
+        want = module(*inputs)
+    want = want if isinstance(want, tuple) else (want,)
+    for got, ref in zip(native_out, want):
+        torch.testing.assert_close(got, ref, atol=demo.atol, rtol=demo.rtol)
+    # the same shims are called as often on both sides; natively none reaches Python
+    assert {n: sum(c) for n, c in native.items()} == {n: sum(c) for n, c in python.items()}
+    assert sum(p for _, p in native.values()) == 0, native
+    # ... and the reference really is the Python one: its fallbacks all went to Python
+    fallbacks = [n for n in python if n.startswith("aoti_torch_cpu_")]
+    assert fallbacks and all(python[n] == (0, sum(python[n])) for n in fallbacks)
+
+
+def test_transformer_block_counts_its_four_linears_and_one_attention(no_leaks):
+    module, inputs = get_demo("transformer_block")
+    linears = sum(isinstance(m, torch.nn.Linear) for m in module.modules())
+    _, _, counts = _steady(get_compiled_cached(module, inputs), inputs, "native", runs=5)
+    assert counts["aoti_torch_cpu_addmm_out"] == (5 * linears, 0)
+    assert counts["aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu"] == (5, 0)
+
+
+_ARTS: dict[str, object] = {}
+
+
+def get_compiled_cached(module, inputs):
+    key = type(module).__name__
+    if key not in _ARTS:
+        _ARTS[key] = _compiled(module, inputs)
+    return _ARTS[key]
+
+
+@pytest.mark.parametrize("name", REGISTRY_SAMPLE)
+def test_registry_sample_is_bit_identical_on_both_implementations(name, no_leaks):
+    module, inputs = metal_registry.get_model_and_inputs(name)
+    art = _compiled(module, inputs)
+    native_first, native_out, native = _steady(art, inputs, "native")
+    python_first, python_out, python = _steady(art, inputs, "python")
+    for a, b in zip([*native_first, *native_out], [*python_first, *python_out]):
+        assert torch.equal(a, b), name
+    assert {n: sum(c) for n, c in native.items()} == {n: sum(c) for n, c in python.items()}
+    # every shim of these is served natively: no call reaches Python
+    assert sum(p for _, p in native.values()) == 0, native
+    assert sum(p for _, p in python.values()) > 0, python
+
+
+def test_a_strided_out_keeps_the_python_scatter_and_a_bad_shape_is_named(tmp_path, no_leaks):
+    """Called as a .so calls them: an ``out`` with holes is Python's (its write is not
+    lost), and mismatched shapes reach Python's shim, which names them."""
+    bridge = default_context().load_bridge()
+    fn = bridge.c_function("aoti_torch_cpu_mm_out")
+    ctx = default_context()
+    from etmetal.shims.storage import Storage, tensor_from_torch
+
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    big = torch.zeros(3, 10)
+    out = big[:, ::2]  # holes
+
+    def handle(t):
+        u = t.untyped_storage()
+        return ctx.register(tensor_from_torch(t, Storage(u.data_ptr(), u.nbytes(), owned=False)))
+
+    ha, hb, ho = handle(a), handle(b), handle(out)
+    before = bridge.shim_counts().get("aoti_torch_cpu_mm_out", (0, 0))
+    try:
+        assert fn(ho, ha, hb) == 0
+        assert torch.equal(out, a @ b) and torch.equal(big[:, 1::2], torch.zeros(3, 5))
+        after = bridge.shim_counts()["aoti_torch_cpu_mm_out"]
+        assert (after[0] - before[0], after[1] - before[1]) == (0, 1)  # Python served it
+        assert fn(ho, hb, ha) == 1  # (4, 5) @ (3, 4)
+        assert "cannot multiply [4, 5] by [3, 4]" in ctx.last_error()
+    finally:
+        for h in (ha, hb, ho):
+            ctx.unregister(h)
+
+
+def test_the_two_method_lm_is_bit_identical_and_decode_stays_in_c(tiny_lm_programs, no_leaks):
+    from etmetal.bench.llm import program_paths
+
+    pte = Path(program_paths("tiny", tiny_lm_programs)["shared"]).read_bytes()
+    ctx = default_context()
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    results: dict[str, list[torch.Tensor]] = {}
+    decode_counts: dict[str, dict] = {}
+    for shims in ("native", "python"):
+        previous = ctx.set_implementation(shims)
+        try:
+            program = Runtime.get().load_program(pte, trust_native_code=True)
+            prefill, decode = program.load_method("prefill"), program.load_method("decode")
+            outs = [prefill.execute([prompt, torch.arange(8)])[0].clone()]
+            token = outs[0][..., -1, :].argmax(-1).view(1, 1)
+            for step in range(4):
+                if step == 2:  # steady state from here on
+                    before = _counts(ctx)
+                outs.append(decode.execute([token, torch.tensor([8 + step])])[0].clone())
+                token = outs[-1][..., -1, :].argmax(-1).view(1, 1)
+            decode_counts[shims] = _delta(_counts(ctx), before)
+            results[shims] = outs
+            del prefill, decode, program
+        finally:
+            ctx.set_implementation(previous)
+    for a, b in zip(results["native"], results["python"]):
+        assert torch.equal(a, b)
+    native, python = decode_counts["native"], decode_counts["python"]
+    assert {n: sum(c) for n, c in native.items()} == {n: sum(c) for n, c in python.items()}
+    assert native["aoti_torch_cpu_mm_out"][1] == 0 and native["aoti_torch_cpu_mm_out"][0] > 0
+    assert sum(p for _, p in native.values()) == 0, native
+    assert sum(p for _, p in python.values()) > 0
+
+
+def _counts(ctx) -> dict:
+    return {n: {"native": c[0], "python": c[1]} for n, c in ctx.bridge.shim_counts().items()}
+
+
+def test_a_copy_of_a_model_in_another_context_counts_apart(tmp_path, no_leaks):
+    """Counts are per context (each has its own trampoline): a model in a fresh context
+    starts from zero."""
+    from etmetal.shims.standard_context import standard_context
+
+    module, inputs = metal_registry.get_model_and_inputs("mm")
+    art = _compiled(module, inputs)
+    so = tmp_path / "copy.so"
+    shutil.copy(art.so_path, so)
+    ctx = standard_context()
+    with AotiModel(so, art.weights_path.read_bytes(), context=ctx) as model:
+        model.run(list(inputs))
+        counts = model.stats()
+    assert counts["aoti_torch_cpu_mm_out"] == {"native": 1, "python": 0}
