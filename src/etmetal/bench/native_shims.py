@@ -1,4 +1,4 @@
-"""Native shims against the Python reference and torch's AOTI runner (issue 25).
+"""Native shims against the Python reference and torch's AOTI runner (``etmetal bench native``).
 
 For the two-method LM (decode step, prefill) and the tiny model (through the shims and
 through the ``.pte`` path), run interleaved in one process: torch's own runner over the
@@ -7,13 +7,11 @@ Python shims (``ShimContext.set_implementation``). Each arm reports the median C
 (``time.process_time``) beside the median wall time, and etmetal's arms the shim calls
 per run that were served in C and that reached Python (``Bridge.shim_counts``).
 
-Run it with ``python -m etmetal.bench.native_shims [--config tiny|30m]``; it lives apart
-from the bench drivers so it can be wired into ``etmetal bench`` as one more suite.
+Run it with ``etmetal bench native [--config tiny|30m]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -152,9 +150,8 @@ def bench_lm(config: str, programs: Path, repeat: int, budget: float) -> dict:
 
 def bench_tiny(repeat: int, budget: float, tmp: Path) -> dict:
     from etmetal.backend.aoti_compile import compile_exported_program
-    from etmetal.bench.aoti_runner import torch_runner
+    from etmetal.bench.delegate import delegate_method, torch_runner
     from etmetal.examples.bench import models
-    from etmetal.scripts.bench_delegate import delegate_method
     from etmetal.shims import AotiModel, default_context
 
     spec = models()["tiny"]
@@ -186,26 +183,18 @@ def bench_tiny(repeat: int, budget: float, tmp: Path) -> dict:
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m etmetal.bench.native_shims")
-    parser.add_argument("--config", default="tiny", help="LM size: tiny (default) or 30m")
-    parser.add_argument("--programs", metavar="DIR", help="keep the lowered LM programs here")
-    parser.add_argument("--repeat", type=int, default=40)
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds per case at most")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--no-lm", action="store_true")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    print(f"native shims vs Python shims vs torch's AOTI runner ({args.threads} thread(s)), ")
+def run_all(
+    config: str, programs: Path | None, repeat: int, budget: float, threads: int, lm: bool
+) -> int:
+    """The tiny model, then (``lm``) the two-method LM's decode and prefill, each arm
+    interleaved; prints as it goes."""
+    torch.set_num_threads(threads)
+    print(f"native shims vs Python shims vs torch's AOTI runner ({threads} thread(s)), ")
     print("medians of interleaved runs, CPU time beside wall time:")
     with tempfile.TemporaryDirectory() as tmp:
-        bench_tiny(args.repeat, args.budget, Path(tmp))
-        if not args.no_lm:
-            programs = Path(args.programs) if args.programs else Path(tmp)
+        bench_tiny(repeat, budget, Path(tmp))
+        if lm:
+            programs = programs or Path(tmp)
             programs.mkdir(parents=True, exist_ok=True)
-            bench_lm(args.config, programs, args.repeat, args.budget)
+            bench_lm(config, programs, repeat, budget)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

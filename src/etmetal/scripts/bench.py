@@ -29,6 +29,11 @@ SUITES = {
         "import time of etmetal.runtime (and torch, etmetal.shims, executorch.runtime) "
         "in fresh interpreters, wall and CPU",
     ),
+    "native": (
+        "etmetal.scripts.bench_native",
+        "native shims vs Python shims vs torch's AOTI runner: shim calls per run reaching "
+        "Python, tiny model and LM decode/prefill latency (CPU and wall)",
+    ),
     "isolation": (
         "etmetal.scripts.bench_isolation",
         "execute latency with isolate=True vs in-process",
