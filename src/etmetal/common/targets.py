@@ -17,7 +17,7 @@ device strings (``cpu``, ``mps``) live here too, as ``CPU_DEVICE`` and ``METAL_D
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # torch's device types: what Inductor compiles for and a model container is created on
 CPU_DEVICE = "cpu"
@@ -129,15 +129,12 @@ MPS = MetalTarget(
     compiles_anywhere=False,
     etmetal_runs=False,
 )
-MPS_EMULATED = MetalTarget(
+# the Mac's target as etmetal builds and runs it on any machine: the same device, fallbacks
+# and predictions (its programs stand for mps programs), Inductor's real Metal code run by
+# etmetal's emulated Metal device
+MPS_EMULATED = replace(
+    MPS,
     name="mps_emulated",
-    torch_device=METAL_DEVICE,
-    container_device=METAL_DEVICE,
-    shim_prefix=METAL_DEVICE,
-    # the emulated Metal device predicts (and serves) exactly what a Mac's Metal runtime has
-    fallbacks=_METAL_FALLBACKS,
-    # it stands for mps programs: its predictions are the Mac's
-    default_runtime=UPSTREAM_RUNTIME,
     compiles_anywhere=True,
     etmetal_runs=True,
     # a Mac's Metal runtime has no scans; etmetal's emulated device runs them on ATen

@@ -53,6 +53,19 @@ def renamed_add(name: str, overload: str = "out", pte: bytes | None = None) -> b
     return _edit(pte or x_plus_one(), edit)
 
 
+def _from_file_values(plan: schema.ExecutionPlan, path: str, size: int) -> tuple[int, int]:
+    """Append ``aten::from_file``'s argument values (filename, shared=True, size, None) to
+    ``plan``; returns the index of the first and of the None."""
+    base = len(plan.values)
+    plan.values += [
+        schema.EValue(schema.String(path)),
+        schema.EValue(schema.Bool(True)),
+        schema.EValue(schema.Int(size)),
+        schema.EValue(schema.Null()),
+    ]
+    return base, base + 3
+
+
 def from_file_program(path: str, size: int = 4) -> bytes:
     """``x + 1`` rewritten so its add instruction calls ``aten::from_file(path, shared=True,
     size=size)`` into the output: run by a runtime that resolves any ``torch.ops`` name,
@@ -61,15 +74,8 @@ def from_file_program(path: str, size: int = 4) -> bytes:
     def edit(plan: schema.ExecutionPlan) -> None:
         index = _add_index(plan)
         plan.operators[index] = schema.Operator(name="aten::from_file", overload="")
-        base = len(plan.values)
-        plan.values += [
-            schema.EValue(schema.String(path)),
-            schema.EValue(schema.Bool(True)),
-            schema.EValue(schema.Int(size)),
-            schema.EValue(schema.Null()),
-        ]
+        base, null = _from_file_values(plan, path, size)
         [out] = plan.outputs
-        null = base + 3
         for instr in plan.chains[0].instructions:
             args = instr.instr_args
             if isinstance(args, schema.KernelCall) and args.op_index == index:
@@ -86,14 +92,7 @@ def appended_from_file(pte: bytes, path: str, size: int = 4) -> bytes:
 
     def edit(plan: schema.ExecutionPlan) -> None:
         plan.operators.append(schema.Operator(name="aten::from_file", overload=""))
-        base = len(plan.values)
-        plan.values += [
-            schema.EValue(schema.String(path)),
-            schema.EValue(schema.Bool(True)),
-            schema.EValue(schema.Int(size)),
-            schema.EValue(schema.Null()),
-        ]
-        null = base + 3
+        base, null = _from_file_values(plan, path, size)
         call = schema.KernelCall(
             op_index=len(plan.operators) - 1,
             args=[base, base + 1, base + 2, null, null, null, null, plan.outputs[0]],

@@ -99,15 +99,21 @@ def test_a_packet_call_on_fake_mps_becomes_the_metal_math_fallback():
     assert out.shape == (1, 2, 6, 8) and out.device.type == METAL_DEVICE
 
 
-def test_unmasked_eager_attention_lowers_and_matches_eager():
-    gen = torch.Generator().manual_seed(0)
-    inputs = tuple(torch.randn(1, 2, 6, 8, generator=gen) for _ in range(3))
-    module = EagerAttention().eval()
+def _check_one_delegate_matches_eager(module: nn.Module, inputs: tuple) -> None:
+    """Lowered for the emulated target, the whole module is one delegate and its output,
+    run by etmetal's runtime, is eager's."""
     program, partitioner = _lower(module, inputs)
     report = partitioner.reports[-1]
     assert not report.kept_out and len(report.partitions) == 1, report.text()
     (got,) = _execute(program.buffer, inputs)
     torch.testing.assert_close(got, _eager(module, inputs)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_unmasked_eager_attention_lowers_and_matches_eager():
+    gen = torch.Generator().manual_seed(0)
+    inputs = tuple(torch.randn(1, 2, 6, 8, generator=gen) for _ in range(3))
+    module = EagerAttention().eval()
+    _check_one_delegate_matches_eager(module, inputs)
 
 
 # -- 2. conv1d over a transposed input ----------------------------------------------------
@@ -161,11 +167,7 @@ def test_conv1d_over_a_transposed_input_lowers_and_matches_eager():
     torch.manual_seed(0)
     module = TransposedConv1d().eval()
     inputs = (torch.randn(2, 10, 8),)
-    program, partitioner = _lower(module, inputs)
-    report = partitioner.reports[-1]
-    assert not report.kept_out and len(report.partitions) == 1, report.text()
-    (got,) = _execute(program.buffer, inputs)
-    torch.testing.assert_close(got, _eager(module, inputs)[0], atol=1e-5, rtol=1e-5)
+    _check_one_delegate_matches_eager(module, inputs)
 
 
 # -- 3. scans as emulated fallbacks -------------------------------------------------------
