@@ -85,10 +85,6 @@ class MetalTarget:
     name: str
     # the torch device type AOTInductor compiles for
     torch_device: str
-    # the device string a model container is created on (and ``AotiModel(device=...)``)
-    container_device: str
-    # the device in the names of its C-shim fallbacks: ``aoti_torch_<prefix>_<op>``
-    shim_prefix: str
     # the fallback ops its runtime implements (ATen ops; custom ops are added in
     # ``fallback_table``, which owns that list)
     fallbacks: frozenset[str]
@@ -107,12 +103,22 @@ class MetalTarget:
     def __str__(self) -> str:
         return self.name
 
+    # every target so far runs its container on the device it compiles for, and names its
+    # fallback shims after it; a target that ever differs makes these fields
+    @property
+    def container_device(self) -> str:
+        """The device string a model container is created on (``AotiModel(device=...)``)."""
+        return self.torch_device
+
+    @property
+    def shim_prefix(self) -> str:
+        """The device in the names of its C-shim fallbacks: ``aoti_torch_<prefix>_<op>``."""
+        return self.torch_device
+
 
 HOST = MetalTarget(
     name="host",
     torch_device=CPU_DEVICE,
-    container_device=CPU_DEVICE,
-    shim_prefix=CPU_DEVICE,
     fallbacks=_HOST_FALLBACKS,
     # a host .so runs only in etmetal's runtime
     default_runtime=ETMETAL_RUNTIME,
@@ -122,8 +128,6 @@ HOST = MetalTarget(
 MPS = MetalTarget(
     name="mps",
     torch_device=METAL_DEVICE,
-    container_device=METAL_DEVICE,
-    shim_prefix=METAL_DEVICE,
     fallbacks=_METAL_FALLBACKS,
     default_runtime=UPSTREAM_RUNTIME,
     compiles_anywhere=False,

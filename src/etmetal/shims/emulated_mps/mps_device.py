@@ -222,35 +222,34 @@ def aoti_torch_mps_free(ctx, ptr):
 @shim
 def aoti_torch_mps_memcpy(ctx, buffer, constant_offset, bytes_read, data_size, constants_start):
     """Copy constant bytes ``constants_start[bytes_read:+data_size]`` to ``buffer+constant_offset``."""
-    if not buffer or not constants_start:
-        raise ShimError("buffer or constants_start is NULL")
     _checked_copy(
         ctx,
         "aoti_torch_mps_memcpy",
-        (buffer, constant_offset, "constant_offset"),
-        (constants_start, bytes_read, "bytes_read"),
+        (buffer, constant_offset, "buffer", "constant_offset"),
+        (constants_start, bytes_read, "constants_start", "bytes_read"),
         data_size,
     )
 
 
 @shim
 def aoti_torch_mps_copy_buffer(ctx, src_buffer, dst_buffer, data_size, src_offset, dst_offset):
-    if not src_buffer or not dst_buffer:
-        raise ShimError("src_buffer or dst_buffer is NULL")
     _checked_copy(
         ctx,
         "aoti_torch_mps_copy_buffer",
-        (dst_buffer, dst_offset, "dst_offset"),
-        (src_buffer, src_offset, "src_offset"),
+        (dst_buffer, dst_offset, "dst_buffer", "dst_offset"),
+        (src_buffer, src_offset, "src_buffer", "src_offset"),
         data_size,
     )
 
 
 def _checked_copy(ctx, shim_name: str, dst: tuple, src: tuple, nbytes: int) -> None:
-    """Copy ``nbytes`` from ``src`` to ``dst`` (each ``(base, offset, offset's name)``) once
-    every size is sane, the destination lies in one malloc'd buffer and the source in memory
-    the device knows; nothing is written otherwise."""
-    (dst_base, dst_off, dst_what), (src_base, src_off, src_what) = dst, src
+    """Copy ``nbytes`` from ``src`` to ``dst`` (each ``(base, offset, base's name, offset's
+    name)``) once neither base is NULL, every size is sane, the destination lies in one
+    malloc'd buffer and the source in memory the device knows; nothing is written otherwise."""
+    (dst_base, dst_off, dst_name, dst_what), (src_base, src_off, src_name, src_what) = dst, src
+    null = [name for base, name in ((dst_base, dst_name), (src_base, src_name)) if not base]
+    if null:
+        raise ShimError(f"{shim_name}: {' and '.join(null)} is NULL")
     for value, what in ((dst_off, dst_what), (src_off, src_what), (nbytes, "data_size")):
         _check_size(value, what)
     if nbytes == 0:
