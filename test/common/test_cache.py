@@ -80,3 +80,19 @@ def test_native_builds_are_entries_of_this_cache(tmp_path):
         build_shared("probe", "libprobe.so", "int probe(void) { return 3; }\n", root=tmp_path)
         == lib
     )
+
+
+def test_a_failed_key_write_leaks_no_descriptor_and_leaves_no_key(tmp_path, monkeypatch):
+    import os
+
+    from etmetal.common import cache as cache_module
+
+    def no_entropy(n: int) -> bytes:
+        raise OSError("entropy source unavailable")
+
+    monkeypatch.setattr(cache_module.os, "urandom", no_entropy)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="entropy"):
+        cache_module._root_key(tmp_path)
+    assert set(os.listdir("/proc/self/fd")) <= before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".key")]

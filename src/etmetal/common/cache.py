@@ -113,8 +113,9 @@ def _root_key(root: Path) -> bytes:
         if not path.exists():
             fd, tmp = tempfile.mkstemp(prefix=".key-", dir=root)  # mode 0600
             try:
-                os.write(fd, os.urandom(_KEY_BYTES))
-                os.close(fd)
+                # fdopen closes the descriptor even when the write fails, and writes it all
+                with os.fdopen(fd, "wb") as key_file:
+                    key_file.write(os.urandom(_KEY_BYTES))
                 os.link(tmp, path)  # atomic, never replaces another builder's key
             except FileExistsError:
                 pass
