@@ -49,10 +49,10 @@ def run(args: argparse.Namespace) -> int:
     elif args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     if args.write_md:
-        from etmetal.bench.llm import carry_section  # bench llm runs on its own
         from etmetal.bench.report import render
+        from etmetal.bench.sections import carry_sections  # bench llm and native run alone
 
-        Path(args.write_md).write_text(carry_section(Path(args.write_md), render(result)))
+        Path(args.write_md).write_text(carry_sections(Path(args.write_md), render(result)))
         print(f"wrote {args.write_md}")
     if args.update_md:
         from etmetal.bench.report import update

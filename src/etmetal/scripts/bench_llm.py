@@ -13,6 +13,7 @@ import torch
 
 from etmetal.bench import llm as lb
 from etmetal.bench import timing as bm
+from etmetal.bench.sections import write_section
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,5 +52,5 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     doc = bm.emit(args, "llm", rows, memory=memory, parameters=params, prompt=lb.PROMPT)
     doc["started_utc"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.write_md:
-        lb.write_section(Path(args.write_md), lb.render(doc, args))
+        write_section(Path(args.write_md), "llm", lb.render(doc, args))
     return doc
