@@ -35,3 +35,22 @@ def test_wrapper_lives_beside_a_model_in_a_writable_folder(tmp_path):
 
     lib = ctypes.CDLL(str(wrapper), mode=os.RTLD_LOCAL)
     assert lib.etmetal_probe() == 7
+
+
+def test_a_model_loaded_from_the_build_cache_leaves_its_entry_valid(tmp_path, monkeypatch):
+    # an AOTI artifact is often loaded where the cache keeps it; its wrapper must not be
+    # written into the entry, or the entry fails verification and is rebuilt next time
+    from etmetal.common.cache import ContentCache
+
+    monkeypatch.setenv("ETMETAL_CACHE_DIR", str(tmp_path / "cache"))
+    cache = ContentCache("things")
+
+    def build(tmp):
+        _tiny_so(tmp)
+
+    entry, hit = cache.get_or_create("k1", build, stamp="k1")
+    assert not hit
+    wrapper = link_wrapper([entry / "m.so"])
+    assert entry not in wrapper.parents
+    assert cache.verify("k1") is None
+    assert cache.get_or_create("k1", build)[1]  # still a hit

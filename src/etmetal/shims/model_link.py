@@ -48,7 +48,10 @@ def link_wrapper(needed: Sequence[Path]) -> Path:
     dirs = sorted({str(Path(p).parent) for p in paths})
     link = ["-Wl,--no-as-needed", *paths, *(f"-Wl,-rpath,{d}" for d in dirs)]
     last_dir = Path(paths[-1]).parent if paths else None
-    root = last_dir / ".etmetal-link" if last_dir and os.access(last_dir, os.W_OK) else None
+    # never inside the build cache: a file added to an entry (an AOTI artifact loaded in
+    # place) makes the entry fail verification, so the next lookup rebuilds it
+    beside = last_dir is not None and not last_dir.is_relative_to(cache_root().resolve())
+    root = last_dir / ".etmetal-link" if beside and os.access(last_dir, os.W_OK) else None
     return build_shared(
         "wrappers",
         "libetmetal_wrapper.so",
