@@ -37,6 +37,32 @@ _FORMAT = 4  # 4: entries with a verified manifest (etmetal.common.cache)
 # every native source of the project builds clean with these (test_native_sources checks)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 
+# ``ETMETAL_SANITIZE=address,undefined``: every native build of the process is instrumented
+# (its own cache entries: the flags are part of the key); ``etmetal regress sanitize`` sets
+# it and preloads the runtimes (:mod:`etmetal.testing.sanitize`)
+SANITIZE_ENV = "ETMETAL_SANITIZE"
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizer_flags() -> tuple[str, ...]:
+    """The compiler flags ``$ETMETAL_SANITIZE`` asks for (none when it is unset)."""
+    wanted = [s.strip() for s in os.environ.get(SANITIZE_ENV, "").split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SANITIZERS]
+    if unknown:
+        raise NativeBuildError(
+            f"{SANITIZE_ENV}={os.environ[SANITIZE_ENV]!r}: unknown sanitizer(s) {unknown}; "
+            f"choose from {', '.join(SANITIZERS)}"
+        )
+    if not wanted:
+        return ()
+    # -fno-sanitize-recover: undefined behaviour stops the process, like an ASan report
+    return (
+        f"-fsanitize={','.join(wanted)}",
+        "-fno-sanitize-recover=all",
+        "-fno-omit-frame-pointer",
+        "-g",
+    )
+
 
 class NativeBuildError(RuntimeError):
     """The system compiler is missing or rejected a source."""
@@ -86,6 +112,7 @@ def build_files(
     there into one shared object, so ``#include "x.h"`` finds its neighbours. The key
     hashes every file, compiled or not."""
     cc = compiler(lang)
+    flags = (*flags, *sanitizer_flags())
     key = build_key(files, lang=lang, flags=flags, link=link)
 
     def build(tmp: Path) -> None:

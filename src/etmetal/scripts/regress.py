@@ -15,6 +15,10 @@ SUITES = {
         "etmetal.scripts.regress_backend_suite",
         "ExecuTorch's backend conformance suite per flow (portable, etmetal, metal_host)",
     ),
+    "sanitize": (
+        "etmetal.scripts.regress_sanitize",
+        "the shim, delegate and fuzz tests with the native layer under ASan and UBSan",
+    ),
 }
 
 add_arguments, run = make_command(SUITES)
