@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 
 from etmetal.shims.registry import ShimTable, put_ptr
-from etmetal.shims.storage import ShimError
+from etmetal.shims.storage import ShimError, packed_extent
 
 from .limits import check_grid
 from .mps_device import Function, Library, mps_state
@@ -108,7 +108,7 @@ def aoti_torch_mps_create_shader_library(ctx, metal_shader_source, library_handl
         raise ShimError(f"the shader library failed to compile: {exc}") from None
     st = mps_state(ctx)
     handle = _LIB_BASE + (st.next_id() << 4)
-    st.libraries[handle] = Library(handle, compiled)
+    st.libraries[handle] = Library(handle, compiled, source=source)
     st.stats["libraries_created"] += 1
     put_ptr(library_handle, handle, "library_handle")
 
@@ -161,7 +161,7 @@ def aoti_torch_mps_get_kernel_function(ctx, library_handle, kernel_name, functio
 def aoti_torch_mps_start_encoding(ctx, func):
     fn = _function(ctx, func)
     fn.encoding = True
-    fn.args, fn.what, fn.slots, fn.tensors = {}, {}, [], {}
+    fn.args, fn.what, fn.slots, fn.tensors, fn.extents = {}, {}, [], {}, {}
 
 
 def _encoding(ctx, func, call: str) -> Function:
@@ -189,6 +189,9 @@ def aoti_torch_mps_set_arg_tensor(ctx, func, idx, tensor):
     fn.args[idx] = t.data_ptr  # includes the storage offset, as upstream's setArg binds
     fn.what[idx] = f"tensor {tensor:#x}"
     fn.tensors[idx] = t
+    # what the checker holds the binding to: the tensor's elements, within its storage
+    room = max(t.storage.ptr + t.storage.nbytes - t.data_ptr, 0)
+    fn.extents[idx] = min(packed_extent(t.sizes, t.strides) * t.itemsize, room)
 
 
 @_reporting
@@ -202,6 +205,7 @@ def aoti_torch_mps_set_arg_int(ctx, func, idx, val):
             f"{_describe(kind)}: an int64 fits only an integer parameter of up to 8 bytes"
         )
     fn.tensors.pop(idx, None)
+    fn.extents[idx] = 8
     slot = ctypes.c_int64(val)  # `constant long& n [[buffer(i)]]` reads it by address
     fn.slots.append(slot)
     fn.args[idx] = ctypes.addressof(slot)
@@ -291,11 +295,32 @@ def _dispatch(ctx, fn: Function, threads: tuple[int, ...], group: tuple[int, ...
     if 0 in threads:
         return  # an empty grid runs no thread
     msl = _compiler()
+    st = mps_state(ctx)
     try:
-        fn.kernel.dispatch(dict(fn.args), threads, group)
+        if st.check is None:
+            fn.kernel.dispatch(dict(fn.args), threads, group)
+        else:
+            _checked_dispatch(st, fn, threads, group, msl)
     except msl.MslError as exc:
         raise ShimError(f"kernel {fn.name!r}: {exc}") from None
-    mps_state(ctx).stats["dispatches"] += 1
+    st.stats["dispatches"] += 1
+
+
+def _checked_dispatch(st, fn: Function, threads, group, msl) -> None:
+    """Run the checked build of ``fn``'s kernel; its faults fail the dispatch (MslError) or,
+    in ``report`` mode, are kept on the device."""
+    if fn.checked is None:
+        source = st.libraries[fn.library].source
+        fn.checked = msl.compile_library(source, checked=True).function(fn.name)
+    faults = fn.checked.check(
+        dict(fn.args), threads, group, extents=fn.extents, checks=sorted(st.check.checks)
+    )
+    if not faults:
+        return
+    if st.check.collect:
+        st.check_faults.extend(faults)
+    else:
+        raise msl.MetalCheckError(faults, fn.checked.last_check[1])
 
 
 def _refuse_arguments(fn: Function) -> None:

@@ -20,7 +20,7 @@ The checker (``check.py``) runs a checked build of the library::
 
 ``extents[i]`` is the byte size of the memory bound to a ``device``/``constant`` pointer
 ``[[buffer(i)]]`` (a by-reference scalar's size is the kernel's own); the result lists the
-:class:`MetalFault`\ s found (empty: clean). :class:`MetalCheckError` carries them when a
+faults (:class:`MetalFault`) found (empty: clean). :class:`MetalCheckError` carries them when a
 caller turns them into an error.
 """
 

@@ -9,7 +9,8 @@
 //     (barriers passed) and thread of the last write and of the last read. A read of bytes
 //     never written is uninitialized; bytes written by one thread and read or written by
 //     another in the same epoch (no barrier between) are a race. Threads of a threadgroup
-//     run one after another between barriers, so a race shows whatever the order;
+//     run one after another between barriers, so a race shows whatever the order. A
+//     threadgroup array is filled with 0xff bytes when its threadgroup first declares it;
 //   - after the grid, bindings over overlapping but different byte ranges, one of them
 //     written, are an aliasing hazard (binding the same range twice is in-place, not one).
 // Faults are kept once per (kind, memory, site) with a count; the first occurrence keeps
@@ -295,6 +296,9 @@ void etm_msl_declare_threadgroup(const void* base, uint64_t size, uint32_t site)
   reg.size = size;
   reg.site = site;
   reg.shadow.assign(size, Shadow{0, 0, 0, 0});
+  // poisoned, as a new threadgroup's memory is garbage on a GPU: an uninitialized read gives
+  // all-ones bytes (NaN, -1), not what the previous threadgroup left
+  memset(const_cast<void*>(base), 0xff, size);
 }
 
 int etm_msl_dispatch_checked(etm_msl_entry entry, void* const* args, const uint64_t* threads,

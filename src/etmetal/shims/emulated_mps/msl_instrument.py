@@ -41,10 +41,22 @@ _TOKEN = re.compile(
 )
 _MARKER = re.compile(r'^# (\d+) "([^"]*)"([ \d]*)$', re.M)
 _CONTROL = frozenset(
-    "if for while switch catch return sizeof alignof decltype static_assert noexcept".split()
+    [
+        "if",
+        "for",
+        "while",
+        "switch",
+        "catch",
+        "return",
+        "sizeof",
+        "alignof",
+        "decltype",
+        "static_assert",
+        "noexcept",
+    ]
 )
-_AFTER_PARAMS = frozenset("const noexcept override final mutable constexpr".split())
-_COMPOUND = frozenset("+= -= *= /= %= &= |= ^= <<= >>= ++ --".split())
+_AFTER_PARAMS = frozenset(["const", "noexcept", "override", "final", "mutable", "constexpr"])
+_COMPOUND = frozenset(["+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=", "++", "--"])
 _VALUE_END = frozenset({")", "]"})
 
 
@@ -192,9 +204,12 @@ class _Instrumenter:
                 continue
             if "threadgroup" in words:
                 tracked[name.group(1)] = _Tracked("threadgroup", -1, 1)
-            elif DEVICE_WORD in words or ("constant" in words and is_kernel):
-                if buffer is not None and (buffer >= 0 or DEVICE_WORD in words):
-                    tracked[name.group(1)] = _Tracked("device", buffer, 1)
+            elif (
+                (DEVICE_WORD in words or ("constant" in words and is_kernel))
+                and buffer is not None
+                and (buffer >= 0 or DEVICE_WORD in words)
+            ):
+                tracked[name.group(1)] = _Tracked("device", buffer, 1)
         return tracked
 
     # -- declarations ---------------------------------------------------------------------
@@ -243,9 +258,21 @@ class _Instrumenter:
 
     # -- accesses -------------------------------------------------------------------------
     def flags(self, first: int, last: int) -> int | None:
-        prev, prev2 = self.toks[first - 1] if first else None, self.toks[first - 2] if first > 1 else None
-        if prev and prev[1] == "&" and not (
-            prev2 and (prev2[1] in _VALUE_END or prev2[0] in ("num", "lit") or (prev2[0] == "id" and prev2[1] not in _CONTROL))
+        prev, prev2 = (
+            self.toks[first - 1] if first else None,
+            self.toks[first - 2] if first > 1 else None,
+        )
+        if (
+            prev
+            and prev[1] == "&"
+            and not (
+                prev2
+                and (
+                    prev2[1] in _VALUE_END
+                    or prev2[0] in ("num", "lit")
+                    or (prev2[0] == "id" and prev2[1] not in _CONTROL)
+                )
+            )
         ):
             return None  # &p[i]: an address, no access
         if prev and prev[1] in ("++", "--"):
