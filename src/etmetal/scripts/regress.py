@@ -15,6 +15,10 @@ SUITES = {
         "etmetal.scripts.regress_backend_suite",
         "ExecuTorch's backend conformance suite per flow (portable, etmetal, metal_host)",
     ),
+    "metal-check": (
+        "etmetal.scripts.regress_metal_check",
+        "registry and demo models on mps_emulated under the Metal checker (memcheck, racecheck)",
+    ),
 }
 
 add_arguments, run = make_command(SUITES)

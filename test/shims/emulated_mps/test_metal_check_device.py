@@ -31,7 +31,7 @@ def lib():
     api = c_api()
     previous = mps_device.set_metal_check(default_context(), None)
     yield api
-    mps_device.mps_state(default_context()).check = previous
+    mps_device.set_metal_check(default_context(), previous)
     mps_device.check_report(default_context())
 
 

@@ -132,19 +132,38 @@ def mps_state(ctx) -> MpsState:
         except ValueError as exc:
             raise ShimError(str(exc)) from None
         st = ctx.device_state[METAL_DEVICE] = MpsState(check=mode)
+        _poison(ctx, st)
     return st
 
 
-def set_metal_check(ctx, checks: str | list[str] | None) -> CheckMode | None:
+POISON = 0xFF  # check mode fills new mps memory with it: NaN / -1 where nothing was written
+
+
+def _poison(ctx, st: MpsState) -> None:
+    """In check mode new ``mps`` memory is filled with :data:`POISON`, so what a kernel
+    leaves unwritten reads as NaN, not as stale values that look right."""
+    alloc = ctx.allocators.get(DEVICE_MPS)
+    if alloc is None:
+        return
+    if st.check is not None:
+        alloc.fill_byte = POISON
+    elif alloc.fill_byte == POISON:
+        alloc.fill_byte = None
+
+
+def set_metal_check(ctx, checks: str | list[str] | CheckMode | None) -> CheckMode | None:
     """Switch the checker of ``ctx``'s emulated Metal device: ``"memcheck,racecheck"`` (or
     one, or ``"all"``; add ``"report"`` to keep faults for :func:`check_report` instead of
     failing the dispatch), ``None`` to switch it off. Returns the previous mode."""
     st = mps_state(ctx)
     try:
-        mode = parse_mode(checks or "", where="set_metal_check")
+        mode = (
+            checks if isinstance(checks, CheckMode) else parse_mode(checks or "", "set_metal_check")
+        )
     except ValueError as exc:
         raise ShimError(str(exc)) from None
     previous, st.check = st.check, mode
+    _poison(ctx, st)
     return previous
 
 
