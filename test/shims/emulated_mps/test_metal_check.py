@@ -307,3 +307,55 @@ def test_a_scalar_slot_is_bounded_by_its_size():
     fn = checked(src, "fill")
     assert fn.check({0: addr(out), 1: ctypes.addressof(v)}, (8,), extents={0: 32}) == []
     assert torch.equal(out, torch.full((8,), 2.5))
+
+
+CONSTRUCTS = (
+    HEADER
+    + """
+inline float row_sum(threadgroup float* row, uint n) {  // a helper's threadgroup pointer
+  float s = 0;
+  for (uint j = 0; j < n; j++) s += row[j];
+  return s;
+}
+kernel void constructs(device float4* out [[buffer(0)]], constant float* in [[buffer(1)]],
+                       constant int* perm [[buffer(2)]],
+                       uint gid [[thread_position_in_grid]],
+                       uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float grid2[4][8], spare[8];
+  grid2[lid / 8][lid % 8] = in[perm[gid]];  // a 2-D array, a nested subscript
+  threadgroup float* mine = &spare[lid % 8];  // an address taken: no access
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  device float4* o = out + gid;  // a local device pointer: its binding is found by address
+  o[0].x = row_sum(grid2[lid / 8], 8);  // a row passed on is a pointer, not an access
+  o[0].y = float(lid);
+  o[0].zw = float2(in[gid], float(mine == &spare[lid % 8]));
+}
+"""
+)
+
+
+def test_instrumented_constructs_stay_correct_and_a_local_pointer_finds_its_binding():
+    n = 32
+    x = torch.randn(n)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    out = torch.zeros(n, 4)
+    fn = checked(CONSTRUCTS, "constructs")
+    args = {0: addr(out), 1: addr(x), 2: addr(perm)}
+    ext = {0: nbytes(out), 1: nbytes(x), 2: nbytes(perm)}
+    assert fn.check(args, (n,), (n,), extents=ext) == []
+    rows = x[perm.long()].view(4, 8).sum(1)
+    torch.testing.assert_close(out[:, 0], rows.repeat_interleave(8))
+    assert torch.equal(out[:, 1], torch.arange(n, dtype=torch.float32))
+    torch.testing.assert_close(out[:, 2], x)
+    assert torch.equal(out[:, 3], torch.ones(n))  # each thread's `mine` is its own pointer
+    plain = torch.zeros(n, 4)
+    compile_library(CONSTRUCTS).function("constructs").dispatch(
+        {**args, 0: addr(plain)}, (n,), (n,)
+    )
+    assert torch.equal(plain, out)  # the normal build computes the same
+    # the output binding one float4 short: the last thread's store through `o` is outside it
+    short = {**ext, 0: nbytes(out) - 16}
+    faults = fn.check(args, (n,), (n,), extents=short)
+    assert {(f.kind, f.buffer, f.offset, f.thread) for f in faults} == {
+        ("out-of-bounds write", 0, 16 * (n - 1), (n - 1, 0, 0))
+    }

@@ -35,6 +35,7 @@ shim = SHIMS.shim
 
 MAX_THREADS_PER_GROUP = 1024  # maxTotalThreadsPerThreadgroup of Apple GPUs
 MAX_SOURCE_BYTES = 64 << 20
+MAX_KEPT_FAULTS = 10_000  # report mode keeps this many faults until check_report takes them
 
 _LIB_BASE = 0x6D70_4C00_0000  # "mpL": library handles
 _FN_BASE = 0x6D70_4600_0000  # "mpF": function handles
@@ -318,7 +319,11 @@ def _checked_dispatch(st, fn: Function, threads, group, msl) -> None:
     if not faults:
         return
     if st.check.collect:
-        st.check_faults.extend(faults)
+        room = max(MAX_KEPT_FAULTS - len(st.check_faults), 0)
+        st.check_faults.extend(faults[:room])
+        st.stats["check_faults_dropped"] = st.stats.get("check_faults_dropped", 0) + max(
+            len(faults) - room, 0
+        )
     else:
         raise msl.MetalCheckError(faults, fn.checked.last_check[1])
 

@@ -305,9 +305,10 @@ def compile_library(source: str, checked: bool = False) -> MslLibrary:
         try:
             so, kernels, sites = build_library(source, checked)
         except CompileError as e:
+            build = "the checker's build of the library: " if checked else ""
             raise MslError(
-                f"kernel '{e.kernel}': the Metal construct '{e.construct}' is not supported "
-                f"on this host ({e.detail})",
+                f"kernel '{e.kernel}': {build}the Metal construct '{e.construct}' is not "
+                f"supported on this host ({e.detail})",
                 kernel=e.kernel,
                 construct=e.construct,
             ) from None

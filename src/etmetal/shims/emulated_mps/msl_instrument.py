@@ -150,6 +150,7 @@ class _Instrumenter:
         self.lines = _Lines(text)
         self.sites: list[Site] = []
         self.inserts: list[tuple[int, int, str]] = []  # (offset, 0 closes / 1 opens, text)
+        self.skip: set[int] = set()  # tokens of threadgroup declarators (no access there)
 
     def site(self, start: int, end: int, text: str | None = None) -> int:
         file, line = self.lines.at(start)
@@ -219,6 +220,8 @@ class _Instrumenter:
         end = i
         while end < len(self.toks) and self.tok(end) != ";":
             end = self.match.get(end, end) + 1 if _opens(self.tok(end)) else end + 1
+        if end >= len(self.toks):
+            return end  # no ';': not a declaration this pass understands (the compiler decides)
         # declarators: top-level commas split them
         parts, cur, k = [], [], i + 1
         while k < end:
@@ -230,7 +233,13 @@ class _Instrumenter:
             k = self.match.get(k, k) + 1 if _opens(self.tok(k)) else k + 1
         parts.append(cur)
         for part in parts:
-            ids = [k for k in part if self.toks[k][0] == "id"]
+            if not part:
+                continue
+            # the declarator, not its initializer (which is scanned for accesses as usual)
+            stop = next((k for k in part if self.tok(k) == "="), None)
+            head = [k for k in part if stop is None or k < stop]
+            self.skip.update(range(part[0], stop if stop is not None else end))
+            ids = [k for k in head if self.toks[k][0] == "id"]
             if not ids:
                 continue
             array = [k for k in ids if self.tok(k + 1) == "["]
@@ -324,10 +333,11 @@ class _Instrumenter:
                     in_function.pop()
             elif kind == "id" and in_function and in_function[-1]:
                 at_start = self.tok(i - 1) in (";", "{", "}", "")
-                if s == "threadgroup" and at_start:
-                    i = self.threadgroup_declaration(i, scopes[-1]) + 1
-                    continue
-                if s == DEVICE_WORD and (at_start or self.tok(i - 1) == "const"):
+                if i in self.skip:
+                    pass
+                elif s == "threadgroup" and at_start:
+                    self.threadgroup_declaration(i, scopes[-1])
+                elif s == DEVICE_WORD and (at_start or self.tok(i - 1) == "const"):
                     self.device_local(i, scopes[-1])
                 elif self.tok(i + 1) == "[" and self.tok(i - 1) not in (".", "->", "::"):
                     what = next((sc[s] for sc in reversed(scopes) if s in sc), None)
