@@ -359,3 +359,35 @@ def test_instrumented_constructs_stay_correct_and_a_local_pointer_finds_its_bind
     assert {(f.kind, f.buffer, f.offset, f.thread) for f in faults} == {
         ("out-of-bounds write", 0, 16 * (n - 1), (n - 1, 0, 0))
     }
+
+
+REUSED_SCRATCH = """
+#include <c10/metal/reduction_utils.h>
+using namespace metal;
+kernel void two_sums(device float* out [[buffer(0)]], constant float* in [[buffer(1)]],
+                     uint gid [[thread_position_in_grid]],
+                     uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float scratch[32];
+  float a = c10::metal::threadgroup_sum(scratch, in[gid], lid, 64u);
+  BARRIER
+  float b = c10::metal::threadgroup_sum(scratch, in[gid] * 2.0f, lid, 64u);
+  out[gid] = a + b;
+}
+"""
+
+
+def test_reusing_a_c10_reduction_scratch_without_a_barrier_is_a_race_inside_c10():
+    # the first sum's result is read from scratch[0] by every thread; the second sum's
+    # first store (thread 0, lane 0 of SIMD group 0) overwrites it with no barrier between
+    x, out = torch.randn(128), torch.zeros(128)
+    args, ext = {0: addr(out), 1: addr(x)}, {0: nbytes(out), 1: nbytes(x)}
+    racy = checked(REUSED_SCRATCH.replace("BARRIER", ""), "two_sums")
+    [fault] = racy.check(args, (128,), (64,), extents=ext)
+    assert fault.kind == "threadgroup race (write after another thread's read)"
+    assert (fault.threadgroup, fault.thread, fault.offset) == ((0, 0, 0), (0, 0, 0), 0)
+    assert fault.memory == "threadgroup array 'scratch'" and fault.other_thread is None
+    assert fault.site.startswith("c10/metal/reduction_utils.h:")  # found in c10's helper
+    barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    fixed = checked(REUSED_SCRATCH.replace("BARRIER", barrier), "two_sums")
+    assert fixed.check(args, (128,), (64,), extents=ext) == []
+    torch.testing.assert_close(out, (3 * x.view(2, 64).sum(1)).repeat_interleave(64))
