@@ -16,7 +16,10 @@ from etmetal.scripts.suites import add_only_option
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="executes timed per mode (best of; default 3)"
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed executes per mode, interleaved (median; default 5)",
     )
     add_only_option(
         parser, "--model", "only this model (repeatable): a registry name or demo:<name>"

@@ -3,12 +3,13 @@ metal-check``): each must run clean (no fault) and still match eager PyTorch.
 
 For every model: lower it with ``target="mps_emulated"``, run it once unchecked and once under
 ``memcheck,racecheck`` in report mode (the faults are collected, the run goes on), compare both
-outputs with eager, and time a steady execute of each (best of ``repeats``; the checked build
-of each kernel is compiled by the first checked run, outside the timing).
+outputs with eager, and time steady executes of both, taking turns (the median of ``repeats``
+each; the checked build of each kernel is compiled by the first checked run, untimed).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -75,13 +76,23 @@ def _matches(got: list[torch.Tensor], expected: list[torch.Tensor], atol, rtol) 
     return True
 
 
-def _best_ms(method, inputs: tuple, repeats: int) -> float:
-    best = float("inf")
+def _timed_ms(method, inputs: tuple) -> float:
+    start = time.perf_counter()
+    method.execute(list(inputs))
+    return (time.perf_counter() - start) * 1e3
+
+
+def _interleaved_ms(ctx, method, inputs: tuple, repeats: int) -> tuple[float, float]:
+    """Median execute time unchecked and checked, the two modes taking turns (load drifts
+    on a shared machine hit both alike)."""
+    plain, checked = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        method.execute(list(inputs))
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+        mps_device.set_metal_check(ctx, None)
+        plain.append(_timed_ms(method, inputs))
+        mps_device.set_metal_check(ctx, MODE)
+        checked.append(_timed_ms(method, inputs))
+    mps_device.check_report(ctx)
+    return statistics.median(plain), statistics.median(checked)
 
 
 def check_model(name: str, repeats: int = 3) -> CheckResult:
@@ -98,15 +109,13 @@ def check_model(name: str, repeats: int = 3) -> CheckResult:
         method = _load_method(program.buffer)
         try:
             plain = method.execute(list(inputs))
-            result.unchecked_ms = _best_ms(method, inputs, repeats)
             mps_device.set_metal_check(ctx, MODE)
             mps_device.check_report(ctx)
             before = checked_accesses()
-            checked = method.execute(list(inputs))
+            checked = method.execute(list(inputs))  # builds the checked libraries too
             result.checked_accesses = checked_accesses() - before
             result.faults = [str(f) for f in mps_device.check_report(ctx)]
-            result.checked_ms = _best_ms(method, inputs, repeats)
-            mps_device.check_report(ctx)
+            result.unchecked_ms, result.checked_ms = _interleaved_ms(ctx, method, inputs, repeats)
         finally:
             method.destroy()
         result.matches_eager = _matches(plain, expected, atol, rtol) and _matches(
