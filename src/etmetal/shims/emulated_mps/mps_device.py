@@ -96,8 +96,6 @@ class Function:
     # buffer index -> the tensor set_arg_tensor bound: a dispatch checks its storage is
     # still alive (the handle may have been deleted since)
     tensors: dict[int, object] = field(default_factory=dict)
-    # buffer index -> bytes the binding spans (the bound tensor's extent), for the checker
-    extents: dict[int, int] = field(default_factory=dict)
     checked: object = None  # the checked build's msl.MslFunction (check mode only)
 
 

@@ -162,7 +162,7 @@ def aoti_torch_mps_get_kernel_function(ctx, library_handle, kernel_name, functio
 def aoti_torch_mps_start_encoding(ctx, func):
     fn = _function(ctx, func)
     fn.encoding = True
-    fn.args, fn.what, fn.slots, fn.tensors, fn.extents = {}, {}, [], {}, {}
+    fn.args, fn.what, fn.slots, fn.tensors = {}, {}, [], {}
 
 
 def _encoding(ctx, func, call: str) -> Function:
@@ -190,9 +190,6 @@ def aoti_torch_mps_set_arg_tensor(ctx, func, idx, tensor):
     fn.args[idx] = t.data_ptr  # includes the storage offset, as upstream's setArg binds
     fn.what[idx] = f"tensor {tensor:#x}"
     fn.tensors[idx] = t
-    # what the checker holds the binding to: the tensor's elements, within its storage
-    room = max(t.storage.ptr + t.storage.nbytes - t.data_ptr, 0)
-    fn.extents[idx] = min(packed_extent(t.sizes, t.strides) * t.itemsize, room)
 
 
 @_reporting
@@ -206,7 +203,6 @@ def aoti_torch_mps_set_arg_int(ctx, func, idx, val):
             f"{_describe(kind)}: an int64 fits only an integer parameter of up to 8 bytes"
         )
     fn.tensors.pop(idx, None)
-    fn.extents[idx] = 8
     slot = ctypes.c_int64(val)  # `constant long& n [[buffer(i)]]` reads it by address
     fn.slots.append(slot)
     fn.args[idx] = ctypes.addressof(slot)
@@ -314,7 +310,7 @@ def _checked_dispatch(st, fn: Function, threads, group, msl) -> None:
         source = st.libraries[fn.library].source
         fn.checked = msl.compile_library(source, checked=True).function(fn.name)
     faults = fn.checked.check(
-        dict(fn.args), threads, group, extents=fn.extents, checks=sorted(st.check.checks)
+        dict(fn.args), threads, group, extents=_extents(fn), checks=sorted(st.check.checks)
     )
     if not faults:
         return
@@ -326,6 +322,20 @@ def _checked_dispatch(st, fn: Function, threads, group, msl) -> None:
         )
     else:
         raise msl.MetalCheckError(faults, fn.checked.last_check[1])
+
+
+def _extents(fn: Function) -> dict[int, int]:
+    """What the checker holds each binding to: a bound tensor's elements (first to last
+    byte, within its storage), a ``set_arg_int`` slot's 8 bytes. Made in check mode only."""
+    out = {}
+    for idx in fn.args:
+        t = fn.tensors.get(idx)
+        if t is None:
+            out[idx] = 8
+        else:
+            room = max(t.storage.ptr + t.storage.nbytes - t.data_ptr, 0)
+            out[idx] = min(packed_extent(t.sizes, t.strides) * t.itemsize, room)
+    return out
 
 
 def _refuse_arguments(fn: Function) -> None:
