@@ -391,3 +391,35 @@ def test_reusing_a_c10_reduction_scratch_without_a_barrier_is_a_race_inside_c10(
     fixed = checked(REUSED_SCRATCH.replace("BARRIER", barrier), "two_sums")
     assert fixed.check(args, (128,), (64,), extents=ext) == []
     torch.testing.assert_close(out, (3 * x.view(2, 64).sum(1)).repeat_interleave(64))
+
+
+TG_OVERRUN = (
+    HEADER
+    + """
+kernel void overrun(device float* out [[buffer(0)]], constant float* in [[buffer(1)]],
+                    uint gid [[thread_position_in_grid]],
+                    uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float tile[64];
+  tile[lid + 1] = in[gid];  // thread 63 stores one past the array
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[gid] = lid ? tile[lid] : 0.0f;
+}
+"""
+)
+
+
+def test_a_store_past_a_threadgroup_array_is_reported_and_dropped():
+    n = 64
+    x, out = torch.randn(n), torch.zeros(n)
+    fn = checked(TG_OVERRUN, "overrun")
+    [fault] = fn.check(
+        {0: addr(out), 1: addr(x)}, (n,), (n,), extents={0: nbytes(out), 1: nbytes(x)}
+    )
+    assert (fault.kind, fault.check) == ("out-of-bounds threadgroup write", "memcheck")
+    assert (fault.thread, fault.memory, fault.offset, fault.extent) == (
+        (63, 0, 0),
+        "threadgroup array 'tile'",
+        256,
+        256,
+    )
+    torch.testing.assert_close(out[1:], x[:-1])
