@@ -423,3 +423,32 @@ def test_a_store_past_a_threadgroup_array_is_reported_and_dropped():
         256,
     )
     torch.testing.assert_close(out[1:], x[:-1])
+
+
+NEIGHBOURS = (
+    HEADER
+    + """
+kernel void neighbours(device float* out [[buffer(0)]],
+                       uint gid [[thread_position_in_grid]],
+                       uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float a[8], b[8];
+  b[lid] = 1.0f;
+  a[lid + 8] = 2.0f;  // past a: on a host this address may well be inside b
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[gid] = b[lid];
+}
+"""
+)
+
+
+def test_an_array_subscript_must_stay_in_its_own_array():
+    out = torch.zeros(8)
+    fn = checked(NEIGHBOURS, "neighbours")
+    [fault] = fn.check({0: addr(out)}, (8,), (8,), extents={0: nbytes(out)})
+    assert (fault.kind, fault.memory, fault.thread) == (
+        "out-of-bounds threadgroup write",
+        "threadgroup array 'a'",
+        (0, 0, 0),
+    )
+    assert (fault.offset, fault.extent, fault.count) == (32, 32, 8)
+    assert torch.equal(out, torch.ones(8))  # b kept what was stored in it

@@ -70,7 +70,10 @@ int etm_msl_abi_version(void);
 // outside the binding (the fault is recorded; the access touches nothing of the program).
 void* etm_msl_check_device(const void* addr, uint32_t size, int32_t buffer, uint32_t flags,
                            uint32_t site);
-void* etm_msl_check_threadgroup(const void* addr, uint32_t size, uint32_t flags, uint32_t site);
+// `array` (or NULL for a pointer): the declared array the subscript names, whose bounds the
+// access must keep (an overrun could otherwise land in a neighbouring array).
+void* etm_msl_check_threadgroup(const void* addr, uint32_t size, const void* array,
+                                uint32_t flags, uint32_t site);
 // A threadgroup array's declaration ran: its bytes get a shadow for this threadgroup.
 void etm_msl_declare_threadgroup(const void* base, uint64_t size, uint32_t site);
 

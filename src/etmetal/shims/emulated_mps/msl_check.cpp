@@ -262,25 +262,36 @@ void* etm_msl_check_device(const void* addr, uint32_t size, int32_t buffer, uint
   return redirect(c, size, flags);
 }
 
-void* etm_msl_check_threadgroup(const void* addr, uint32_t size, uint32_t flags, uint32_t site) {
+void* etm_msl_check_threadgroup(const void* addr, uint32_t size, const void* array,
+                                uint32_t flags, uint32_t site) {
   Checker* c = tls_worker.checker;
   if (!c) return const_cast<void*>(addr);
   c->accesses++;
   const uintptr_t a = uintptr_t(addr);
-  Region* near = nullptr;
+  // the array the access must stay in: the one its subscript names, else the one holding it
+  // (else, for the report, the one starting last before it)
+  Region* reg = nullptr;
   for (uint32_t i = 0; i < c->live; i++) {
-    Region& reg = c->regions[i];
-    if (a >= reg.base && a + size <= reg.base + reg.size) {
-      shadow_access(c, reg, a - reg.base, size, flags, site);
-      return const_cast<void*>(addr);
+    Region& r = c->regions[i];
+    if (array ? r.base == uintptr_t(array) : (a >= r.base && a + size <= r.base + r.size)) {
+      reg = &r;
+      break;
     }
-    if (reg.base <= a && (!near || reg.base > near->base)) near = &reg;
   }
-  if (!near && c->live) near = &c->regions[0];
+  if (!reg && !array) {
+    for (uint32_t i = 0; i < c->live; i++) {
+      Region& r = c->regions[i];
+      if (r.base <= a && (!reg || r.base > reg->base)) reg = &r;
+    }
+  }
+  if (reg && a >= reg->base && a + size <= reg->base + reg->size) {
+    shadow_access(c, *reg, a - reg->base, size, flags, site);
+    return const_cast<void*>(addr);
+  }
   const uint32_t kind = (flags & ETM_MSL_WRITE) ? ETM_FAULT_TG_OOB_WRITE : ETM_FAULT_TG_OOB_READ;
-  const int64_t off = near ? int64_t(a) - int64_t(near->base) : 0;
-  record(c, kind, -1, off, near ? near->size : 0, size, site, nullptr, false,
-         near ? near->site : kNoThread);
+  const int64_t off = reg ? int64_t(a) - int64_t(reg->base) : 0;
+  record(c, kind, -1, off, reg ? reg->size : 0, size, site, nullptr, false,
+         reg ? reg->site : kNoThread);
   return redirect(c, size, flags);
 }
 

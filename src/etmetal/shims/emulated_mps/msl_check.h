@@ -17,7 +17,15 @@ inline T* device_access(T* p, int buffer, unsigned flags, unsigned site) {
 template <class T>
 inline T* tg_access(T* p, unsigned flags, unsigned site) {
   static_assert(sizeof(T) <= kScratchBytes, "element wider than the checker's scratch");
-  return static_cast<T*>(etm_msl_check_threadgroup(p, sizeof(T), flags, site));
+  return static_cast<T*>(etm_msl_check_threadgroup(p, sizeof(T), nullptr, flags, site));
+}
+
+// a subscript of a declared threadgroup array: it must stay inside that array
+template <class T, class A>
+inline T* tg_array_access(T* p, A& array, unsigned flags, unsigned site) {
+  static_assert(sizeof(T) <= kScratchBytes, "element wider than the checker's scratch");
+  const void* base = __builtin_addressof(array);
+  return static_cast<T*>(etm_msl_check_threadgroup(p, sizeof(T), base, flags, site));
 }
 
 template <class T>

@@ -81,6 +81,7 @@ class _Tracked:
     space: str  # "device" or "threadgroup"
     buffer: int  # [[buffer(i)]], or -1: found by address
     rank: int  # subscripts that reach one element
+    array: bool = False  # a declared threadgroup array (its own bounds apply)
 
 
 class _Lines:
@@ -249,7 +250,7 @@ class _Instrumenter:
             while self.tok(k) == "[" and k in self.match:
                 rank, k = rank + 1, self.match[k] + 1
             if rank:
-                scope[name] = _Tracked("threadgroup", -1, rank)
+                scope[name] = _Tracked("threadgroup", -1, rank, array=True)
                 site = self.site(self.toks[name_i][2], self.toks[name_i][3], name)
                 at = self.toks[end][3]
                 self.inserts.append((at, 0, f" ::etm::check::declare_tg({name}, {site}u);"))
@@ -311,8 +312,12 @@ class _Instrumenter:
             opening = "(*::etm::check::device_access(__builtin_addressof("
             closing = f"), {what.buffer}, {flags}u, {site}u))"
         else:
-            opening = "(*::etm::check::tg_access(__builtin_addressof("
-            closing = f"), {flags}u, {site}u))"
+            if what.array:
+                opening = "(*::etm::check::tg_array_access(__builtin_addressof("
+                closing = f"), {self.tok(i)}, {flags}u, {site}u))"
+            else:
+                opening = "(*::etm::check::tg_access(__builtin_addressof("
+                closing = f"), {flags}u, {site}u))"
         self.inserts.append((start, 1, opening))
         self.inserts.append((end, 0, closing))
 
