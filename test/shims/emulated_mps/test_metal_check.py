@@ -452,3 +452,20 @@ def test_an_array_subscript_must_stay_in_its_own_array():
     )
     assert (fault.offset, fault.extent, fault.count) == (32, 32, 8)
     assert torch.equal(out, torch.ones(8))  # b kept what was stored in it
+
+
+def test_a_threadgroup_array_too_large_to_shadow_is_an_error():
+    src = HEADER + (
+        "kernel void huge(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {"
+        " threadgroup float big[1 << 19]; big[i] = 1.0f; out[i] = big[i]; }\n"
+    )
+    out = torch.zeros(4)
+    with pytest.raises(MslError, match="cannot shadow a threadgroup array of 2097152 bytes"):
+        checked(src, "huge").check({0: addr(out)}, (4,), extents={0: 16})
+    # the executor recovers: the next checked dispatch runs
+    assert (
+        checked(ADD_ONE, "add_one").check(
+            {0: addr(out), 1: addr(out)}, (4,), extents={0: 16, 1: 16}
+        )
+        == []
+    )

@@ -21,6 +21,7 @@ namespace {
 
 constexpr uint32_t kNoThread = 0xffffffffu;
 constexpr size_t kScratchBytes = 4096;
+constexpr uint64_t kMaxShadowBytes = 1 << 20;  // per threadgroup array
 
 struct Shadow {  // one threadgroup byte; epoch 0: never
   uint32_t w_epoch, r_epoch;
@@ -301,6 +302,12 @@ void etm_msl_declare_threadgroup(const void* base, uint64_t size, uint32_t site)
   const uintptr_t b = uintptr_t(base);
   for (uint32_t i = 0; i < c->live; i++)
     if (c->regions[i].base == b) return;  // another thread of the threadgroup declared it
+  if (size > kMaxShadowBytes) {  // far past Metal's 32 KB: refuse rather than allocate
+    fail(tls_worker.group, "the checker cannot shadow a threadgroup array of %llu bytes (its "
+         "limit is %llu; Metal gives a threadgroup 32 KB)", (unsigned long long)size,
+         (unsigned long long)kMaxShadowBytes);
+    size = 0;
+  }
   if (c->live == c->regions.size()) c->regions.emplace_back();
   Region& reg = c->regions[c->live++];
   reg.base = b;
