@@ -19,6 +19,10 @@ SUITES = {
         "etmetal.scripts.regress_sanitize",
         "the shim, delegate and fuzz tests with the native layer under ASan and UBSan",
     ),
+    "metal-check": (
+        "etmetal.scripts.regress_metal_check",
+        "registry and demo models on mps_emulated under the Metal checker (memcheck, racecheck)",
+    ),
 }
 
 add_arguments, run = make_command(SUITES)

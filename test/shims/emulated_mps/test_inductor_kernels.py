@@ -39,7 +39,16 @@ def library_source(lib: dict) -> str:
     return src
 
 
-def run_case(name: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first to its last element (what a binding of it covers)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def run_case(name: str, xs: list[torch.Tensor], faults: list | None = None) -> list[torch.Tensor]:
+    """Replay the case's launches; with ``faults`` (a list), under the Metal checker, each
+    dispatch's faults appended to it."""
     case = DATA["cases"][name]
     tensors = {f"arg{i}_1": x.contiguous() for i, x in enumerate(xs)}
     for buf, spec in case["buffers"].items():
@@ -48,10 +57,16 @@ def run_case(name: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     for new, old in case.get("aliases", {}).items():  # a dead buffer reused under a new name
         tensors[new] = tensors[old]
     for step in case["steps"]:
-        lib = compile_library(library_source(case["libraries"][step["lib"]]))
+        checked = faults is not None
+        lib = compile_library(library_source(case["libraries"][step["lib"]]), checked=checked)
         fn = lib.function("generated_kernel")
         args = {int(i): tensors[n].data_ptr() for i, n in step["args"].items()}
-        fn.dispatch(args, tuple(step["threads"]), step["group"] and tuple(step["group"]))
+        launch = (args, tuple(step["threads"]), step["group"] and tuple(step["group"]))
+        if checked:
+            extents = {int(i): _extent(tensors[n]) for i, n in step["args"].items()}
+            faults.extend(fn.check(*launch, extents=extents))
+        else:
+            fn.dispatch(*launch)
     return [tensors[o] for o in case["outputs"]]
 
 
@@ -68,6 +83,22 @@ def test_inductor_mps_kernels_match_eager(name):
             torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
         else:
             assert torch.equal(g, e)
+
+
+# threadgroup reductions over several SIMD groups, a float16 one, a multi-kernel one
+CHECKED = ["softmax", "layer_norm", "var_mean", "argmax", "half_softmax", "log_softmax_dim0"]
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_inductor_kernels_run_clean_under_the_metal_checker(name):
+    xs = inputs(name)
+    expected = CASES[name][0](*xs)
+    expected = list(expected) if isinstance(expected, tuple) else [expected]
+    faults: list = []
+    got = run_case(name, xs, faults)
+    assert faults == []
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
 
 
 def test_argmax_ties_and_extremes_match_eager():

@@ -8,8 +8,26 @@ SIMD-group semantics.
 The device around them: ``mps_device`` (``mps`` storage and the raw buffers of
 ``shim_mps.h``), ``mps_kernels`` (shader libraries, kernel functions, encoding, dispatch),
 ``bridge_source`` (the command-block callback, native, compiled into the shim bridge).
+
+The checker: ``check`` (modes and faults), ``msl_instrument`` (a library's checked build),
+``msl_check.cpp`` (bounds, threadgroup shadow, aliasing); ``mps_device.set_metal_check`` /
+``check_report`` or ``ETMETAL_METAL_CHECK`` switch it on.
 """
 
-from etmetal.shims.emulated_mps.msl import MslError, MslFunction, MslLibrary, compile_library
+from etmetal.shims.emulated_mps.check import MetalFault
+from etmetal.shims.emulated_mps.msl import (
+    MetalCheckError,
+    MslError,
+    MslFunction,
+    MslLibrary,
+    compile_library,
+)
 
-__all__ = ["MslError", "MslFunction", "MslLibrary", "compile_library"]
+__all__ = [
+    "MetalCheckError",
+    "MetalFault",
+    "MslError",
+    "MslFunction",
+    "MslLibrary",
+    "compile_library",
+]

@@ -13,6 +13,10 @@ memory exist, as on a Mac:
   them; both check that the bytes they write lie inside one such buffer, and that the bytes
   they read lie inside memory the device knows (the loading model's weights blob, a lent
   region, a malloc'd buffer or a live tensor).
+
+The device's check mode (``check.py``): ``MpsState.check``, from ``ETMETAL_METAL_CHECK`` when
+the state is made, or :func:`set_metal_check`. In it every dispatch runs the checked build of
+its kernel; faults fail the dispatch, or are kept for :func:`check_report` (``report``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ import torch
 
 from etmetal.common.targets import METAL_DEVICE
 from etmetal.shims.abi_codes import DEVICE_MPS
+from etmetal.shims.emulated_mps.check import (
+    CheckMode,
+    MetalFault,
+    mode_from_env,
+    parse_mode,
+)
 from etmetal.shims.registry import ShimTable, put_ptr
 from etmetal.shims.storage import HostAllocator, ShimError
 
@@ -33,7 +43,7 @@ from etmetal.shims.storage import HostAllocator, ShimError
 SHIMS = ShimTable()
 shim = SHIMS.shim
 
-__all__ = ["DEVICE_MPS", "MpsAllocator", "MpsState", "mps_state"]
+__all__ = ["DEVICE_MPS", "MpsAllocator", "MpsState", "check_report", "mps_state", "set_metal_check"]
 
 
 class MpsAllocator(HostAllocator):
@@ -64,6 +74,7 @@ class Library:
     handle: int
     compiled: object  # msl.MslLibrary
     functions: dict[str, int] = field(default_factory=dict)  # kernel name -> function handle
+    source: str = ""  # the MSL, for the checked build (made on a checked dispatch)
 
 
 @dataclass
@@ -85,6 +96,7 @@ class Function:
     # buffer index -> the tensor set_arg_tensor bound: a dispatch checks its storage is
     # still alive (the handle may have been deleted since)
     tensors: dict[int, object] = field(default_factory=dict)
+    checked: object = None  # the checked build's msl.MslFunction (check mode only)
 
 
 @dataclass
@@ -104,6 +116,8 @@ class MpsState:
     # the first launch failure of the run in progress: the Metal wrapper ignores the
     # return codes of these calls, so the run checks this afterwards
     unchecked_error: str = ""
+    check: CheckMode | None = None  # the checker's mode (None: off)
+    check_faults: list[MetalFault] = field(default_factory=list)  # kept in `report` mode
     next_id: object = field(default_factory=lambda: itertools.count(1).__next__)
 
 
@@ -111,8 +125,54 @@ def mps_state(ctx) -> MpsState:
     """The emulated Metal device's state in ``ctx`` (made on first use)."""
     st = ctx.device_state.get(METAL_DEVICE)
     if st is None:
-        st = ctx.device_state[METAL_DEVICE] = MpsState()
+        try:
+            mode = mode_from_env()
+        except ValueError as exc:
+            raise ShimError(str(exc)) from None
+        st = ctx.device_state[METAL_DEVICE] = MpsState(check=mode)
+        _poison(ctx, st)
     return st
+
+
+POISON = 0xFF  # check mode fills new mps memory with it: NaN / -1 where nothing was written
+
+
+def _poison(ctx, st: MpsState) -> None:
+    """In check mode new ``mps`` memory is filled with :data:`POISON`, so what a kernel
+    leaves unwritten reads as NaN, not as stale values that look right."""
+    alloc = ctx.allocators.get(DEVICE_MPS)
+    if alloc is None:
+        return
+    if st.check is not None:
+        alloc.fill_byte = POISON
+    elif alloc.fill_byte == POISON:
+        alloc.fill_byte = None
+
+
+def set_metal_check(ctx, checks: str | list[str] | CheckMode | None) -> CheckMode | None:
+    """Switch the checker of ``ctx``'s emulated Metal device: ``"memcheck,racecheck"`` (or
+    one, or ``"all"``; add ``"report"`` to keep faults for :func:`check_report` instead of
+    failing the dispatch), ``None`` to switch it off. Returns the previous mode."""
+    st = mps_state(ctx)
+    try:
+        mode = (
+            checks if isinstance(checks, CheckMode) else parse_mode(checks or "", "set_metal_check")
+        )
+    except ValueError as exc:
+        raise ShimError(str(exc)) from None
+    previous, st.check = st.check, mode
+    _poison(ctx, st)
+    return previous
+
+
+def check_report(ctx, clear: bool = True) -> list[MetalFault]:
+    """The faults kept in ``report`` mode since the last call (cleared unless ``clear`` is
+    False)."""
+    st = mps_state(ctx)
+    faults = list(st.check_faults)
+    if clear:
+        st.check_faults.clear()
+    return faults
 
 
 def live_mps_storages(ctx) -> int:

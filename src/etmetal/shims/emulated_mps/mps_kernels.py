@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 
 from etmetal.shims.registry import ShimTable, put_ptr
-from etmetal.shims.storage import ShimError
+from etmetal.shims.storage import ShimError, packed_extent
 
 from .limits import check_grid
 from .mps_device import Function, Library, mps_state
@@ -35,6 +35,7 @@ shim = SHIMS.shim
 
 MAX_THREADS_PER_GROUP = 1024  # maxTotalThreadsPerThreadgroup of Apple GPUs
 MAX_SOURCE_BYTES = 64 << 20
+MAX_KEPT_FAULTS = 10_000  # report mode keeps this many faults until check_report takes them
 
 _LIB_BASE = 0x6D70_4C00_0000  # "mpL": library handles
 _FN_BASE = 0x6D70_4600_0000  # "mpF": function handles
@@ -108,7 +109,7 @@ def aoti_torch_mps_create_shader_library(ctx, metal_shader_source, library_handl
         raise ShimError(f"the shader library failed to compile: {exc}") from None
     st = mps_state(ctx)
     handle = _LIB_BASE + (st.next_id() << 4)
-    st.libraries[handle] = Library(handle, compiled)
+    st.libraries[handle] = Library(handle, compiled, source=source)
     st.stats["libraries_created"] += 1
     put_ptr(library_handle, handle, "library_handle")
 
@@ -291,11 +292,50 @@ def _dispatch(ctx, fn: Function, threads: tuple[int, ...], group: tuple[int, ...
     if 0 in threads:
         return  # an empty grid runs no thread
     msl = _compiler()
+    st = mps_state(ctx)
     try:
-        fn.kernel.dispatch(dict(fn.args), threads, group)
+        if st.check is None:
+            fn.kernel.dispatch(dict(fn.args), threads, group)
+        else:
+            _checked_dispatch(st, fn, threads, group, msl)
     except msl.MslError as exc:
         raise ShimError(f"kernel {fn.name!r}: {exc}") from None
-    mps_state(ctx).stats["dispatches"] += 1
+    st.stats["dispatches"] += 1
+
+
+def _checked_dispatch(st, fn: Function, threads, group, msl) -> None:
+    """Run the checked build of ``fn``'s kernel; its faults fail the dispatch (MslError) or,
+    in ``report`` mode, are kept on the device."""
+    if fn.checked is None:
+        source = st.libraries[fn.library].source
+        fn.checked = msl.compile_library(source, checked=True).function(fn.name)
+    faults = fn.checked.check(
+        dict(fn.args), threads, group, extents=_extents(fn), checks=sorted(st.check.checks)
+    )
+    if not faults:
+        return
+    if st.check.collect:
+        room = max(MAX_KEPT_FAULTS - len(st.check_faults), 0)
+        st.check_faults.extend(faults[:room])
+        st.stats["check_faults_dropped"] = st.stats.get("check_faults_dropped", 0) + max(
+            len(faults) - room, 0
+        )
+    else:
+        raise msl.MetalCheckError(faults, fn.checked.last_check[1])
+
+
+def _extents(fn: Function) -> dict[int, int]:
+    """What the checker holds each binding to: a bound tensor's elements (first to last
+    byte, within its storage), a ``set_arg_int`` slot's 8 bytes. Made in check mode only."""
+    out = {}
+    for idx in fn.args:
+        t = fn.tensors.get(idx)
+        if t is None:
+            out[idx] = 8
+        else:
+            room = max(t.storage.ptr + t.storage.nbytes - t.data_ptr, 0)
+            out[idx] = min(packed_extent(t.sizes, t.strides) * t.itemsize, room)
+    return out
 
 
 def _refuse_arguments(fn: Function) -> None:

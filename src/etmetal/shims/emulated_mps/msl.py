@@ -12,6 +12,16 @@ address of a slot holding the value. ``threads`` is the total thread count per d
 (Metal's ``dispatchThreads``: tail threadgroups are partial), ``group`` the threadgroup size
 (None: up to 256 threads in x, within the kernel's
 ``[[max_total_threads_per_threadgroup]]``). Every error is an ``MslError`` naming the kernel.
+
+The checker (``check.py``) runs a checked build of the library::
+
+    checked = compile_library(msl_source, checked=True)   # its own build and cache entry
+    faults = checked.function("k").check(args, threads, group, extents={0: nbytes, ...})
+
+``extents[i]`` is the byte size of the memory bound to a ``device``/``constant`` pointer
+``[[buffer(i)]]`` (a by-reference scalar's size is the kernel's own); the result lists the
+faults (:class:`MetalFault`) found (empty: clean). :class:`MetalCheckError` carries them when a
+caller turns them into an error.
 """
 
 from __future__ import annotations
@@ -23,10 +33,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from etmetal.shims.emulated_mps import limits
+from etmetal.shims.emulated_mps.check import CHECKS, CheckRun, FaultRecord, MetalFault, faults_of
 from etmetal.shims.emulated_mps.msl_compiler import CompileError, build_library, dispatcher_path
 from etmetal.shims.emulated_mps.msl_parse import Kernel, ParseError
 
-__all__ = ["MslError", "MslFunction", "MslLibrary", "compile_library"]
+__all__ = ["MetalCheckError", "MslError", "MslFunction", "MslLibrary", "compile_library"]
 
 DEFAULT_GROUP = 256
 MAX_THREADS_PER_GROUP = 1024
@@ -43,12 +54,30 @@ class MslError(Exception):
         self.construct = construct
 
 
+class MetalCheckError(MslError):
+    """A checked dispatch found faults (``faults``: :class:`MetalFault`)."""
+
+    def __init__(self, faults: Sequence[MetalFault], dropped: int = 0):
+        lines = [str(f) for f in faults[:8]]
+        more = len(faults) - len(lines)
+        if more > 0:
+            lines.append(f"... and {more} more kind(s) of fault")
+        if dropped:
+            lines.append(f"... and {dropped} fault(s) not recorded")
+        kernel = faults[0].kernel if faults else None
+        head = f"the Metal checker found {len(faults)} kind(s) of fault:\n  "
+        super().__init__(head + "\n  ".join(lines), kernel=kernel)
+        self.faults = list(faults)
+
+
+MAX_FAULTS = 64  # distinct faults (kind, memory, site) one checked dispatch records
+UNKNOWN_EXTENT = (1 << 64) - 1
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 # Process-wide on purpose, not shim state: a compiled library is immutable code, and dlopen
 # maps a path once per process (nor can it be unloaded while a kernel of it may run), so
 # every ShimContext shares one library per source text, and the dispatcher they link against.
 _lock = threading.Lock()
-_libraries: dict[str, MslLibrary] = {}
+_libraries: dict[tuple[str, bool], MslLibrary] = {}
 
 
 @functools.cache  # the dispatcher's dlopen handle: one per process, like the libraries
@@ -64,6 +93,30 @@ def _dispatch_fn() -> ctypes._CFuncPtr:
         ctypes.c_uint64,
     ]
     return fn
+
+
+@functools.cache
+def _checked_dispatch_fn() -> ctypes._CFuncPtr:
+    dll = ctypes.CDLL(str(dispatcher_path()))
+    fn = dll.etm_msl_dispatch_checked
+    fn.restype = ctypes.c_int
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(CheckRun),
+        ctypes.c_char_p,
+        ctypes.c_uint64,
+    ]
+    return fn
+
+
+def checked_accesses() -> int:
+    """Checked accesses this process has made (a dispatch of a normal build adds none)."""
+    fn = ctypes.CDLL(str(dispatcher_path())).etm_msl_checked_accesses
+    fn.restype = ctypes.c_uint64
+    return int(fn())
 
 
 class MslFunction:
@@ -93,6 +146,7 @@ class MslFunction:
             (max(self.buffer_indices) + 1) if self.buffer_indices else 1
         )
         self._dispatch = _dispatch_fn()
+        self.last_check = (0, 0)  # the last check(): (checked accesses, faults not recorded)
 
     def __repr__(self) -> str:
         return f"MslFunction({self.name!r}, buffers={self.buffer_indices})"
@@ -130,6 +184,40 @@ class MslFunction:
         threads: Sequence[int],
         group: Sequence[int] | None = None,
     ) -> None:
+        self._run(args, threads, group, None)
+
+    def check(
+        self,
+        args: Mapping[int, int],
+        threads: Sequence[int],
+        group: Sequence[int] | None = None,
+        *,
+        extents: Mapping[int, int],
+        checks: Sequence[str] = CHECKS,
+    ) -> list[MetalFault]:
+        """Dispatch under the checker (a checked library only); the faults it found."""
+        if not self.library.checked:
+            raise self._error("check() needs the checked build: compile_library(..., checked=True)")
+        sizes = []
+        for i in range(self._slot_type._length_):
+            kind, nbytes = self.arg_kinds.get(i, ("buffer", 0))
+            if i not in self._index_set:
+                sizes.append(0)
+            elif kind == "buffer":
+                if i not in extents:
+                    raise self._error(f"check() needs the byte extent of [[buffer({i})]]")
+                sizes.append(int(extents[i]))
+            else:
+                sizes.append(nbytes if nbytes else UNKNOWN_EXTENT)
+        ext = (ctypes.c_uint64 * len(sizes))(*sizes)
+        records = (FaultRecord * MAX_FAULTS)()
+        run = CheckRun(ext, len(sizes), MAX_FAULTS, records, 0, 0, 0)
+        self._run(args, threads, group, run)
+        faults = faults_of(self.name, records[: run.nfaults], self.library.sites, frozenset(checks))
+        self.last_check = (run.accesses, run.dropped)
+        return faults
+
+    def _run(self, args, threads, group, run) -> None:
         if args.keys() != self._index_set:
             self._check_args(args)
         t = self._dims("threads", threads)
@@ -150,7 +238,13 @@ class MslFunction:
                 raise self._error(f"argument {i} is not an address: {a!r}")
             slots[i] = a
         err = _error_buffer()
-        if self._dispatch(self._entry, slots, _U64x3(*t), _U64x3(*g), err, len(err)) != 0:
+        if run is None:
+            rc = self._dispatch(self._entry, slots, _U64x3(*t), _U64x3(*g), err, len(err))
+        else:
+            rc = _checked_dispatch_fn()(
+                self._entry, slots, _U64x3(*t), _U64x3(*g), ctypes.byref(run), err, len(err)
+            )
+        if rc != 0:
             raise self._error(err.value.decode(errors="replace"))
 
 
@@ -170,9 +264,13 @@ def _error_buffer() -> ctypes.Array:
 class MslLibrary:
     """A compiled shader library: its kernels by name."""
 
-    def __init__(self, so_path: Path, kernels: list[Kernel]) -> None:
+    def __init__(
+        self, so_path: Path, kernels: list[Kernel], sites: Sequence[object] = (), checked=False
+    ) -> None:
         _dispatch_fn()  # the dispatcher first: the library links against it by path
         self.path = so_path
+        self.checked = checked  # a checked build (its accesses call the checker)
+        self.sites = tuple(sites)  # its checked access sites, by the index the checker reports
         self._dll = ctypes.CDLL(str(so_path))
         self._kernels = {k.name: (k, i) for i, k in enumerate(kernels)}
         self.kernel_names: tuple[str, ...] = tuple(k.name for k in kernels)
@@ -195,24 +293,26 @@ class MslLibrary:
         return fn
 
 
-def compile_library(source: str) -> MslLibrary:
-    """Compile (or fetch from the cache) a shader library. Raises MslError."""
+def compile_library(source: str, checked: bool = False) -> MslLibrary:
+    """Compile (or fetch from the cache) a shader library, or its checked build. Raises
+    MslError."""
     if not isinstance(source, str):
         raise MslError(f"a shader library's source must be text, got {type(source).__name__}")
     with _lock:
-        lib = _libraries.get(source)
+        lib = _libraries.get((source, checked))
         if lib is not None:
             return lib
         try:
-            so, kernels = build_library(source)
+            so, kernels, sites = build_library(source, checked)
         except CompileError as e:
+            build = "the checker's build of the library: " if checked else ""
             raise MslError(
-                f"kernel '{e.kernel}': the Metal construct '{e.construct}' is not supported "
-                f"on this host ({e.detail})",
+                f"kernel '{e.kernel}': {build}the Metal construct '{e.construct}' is not "
+                f"supported on this host ({e.detail})",
                 kernel=e.kernel,
                 construct=e.construct,
             ) from None
         except ParseError as e:
             raise MslError(f"kernel '{e.kernel}': {e}", kernel=e.kernel) from None
-        lib = _libraries[source] = MslLibrary(so, kernels)
+        lib = _libraries[(source, checked)] = MslLibrary(so, kernels, sites, checked)
         return lib

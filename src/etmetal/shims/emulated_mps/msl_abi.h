@@ -60,6 +60,68 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
                      const uint64_t* group, char* err, uint64_t err_len);
 int etm_msl_abi_version(void);
 
+// ---- the checker (ETMETAL_METAL_CHECK; msl_check.h, msl_check.cpp) -------------------------
+// Only a checked build of a library calls these: its subscripts of device and threadgroup
+// memory go through them. An unchecked library never references them.
+#define ETM_MSL_READ 1u
+#define ETM_MSL_WRITE 2u
+// An access of `size` bytes at `addr` through [[buffer(buffer)]] (buffer < 0: a device pointer
+// whose binding is found by address). Returns addr, or scratch memory when the access is
+// outside the binding (the fault is recorded; the access touches nothing of the program).
+void* etm_msl_check_device(const void* addr, uint32_t size, int32_t buffer, uint32_t flags,
+                           uint32_t site);
+// `array` (or NULL for a pointer): the declared array the subscript names, whose bounds the
+// access must keep (an overrun could otherwise land in a neighbouring array).
+void* etm_msl_check_threadgroup(const void* addr, uint32_t size, const void* array,
+                                uint32_t flags, uint32_t site);
+// A threadgroup array's declaration ran: its bytes get a shadow for this threadgroup.
+void etm_msl_declare_threadgroup(const void* base, uint64_t size, uint32_t site);
+
+enum etm_msl_fault_kind {
+  ETM_FAULT_OOB_READ = 1,
+  ETM_FAULT_OOB_WRITE,
+  ETM_FAULT_TG_OOB_READ,
+  ETM_FAULT_TG_OOB_WRITE,
+  ETM_FAULT_UNINIT_READ,      // threadgroup bytes no thread of the threadgroup wrote
+  ETM_FAULT_RACE_RAW,         // read of bytes another thread wrote since the last barrier
+  ETM_FAULT_RACE_WAR,         // write of bytes another thread read since the last barrier
+  ETM_FAULT_RACE_WAW,         // write of bytes another thread wrote since the last barrier
+  ETM_FAULT_ALIAS,            // two bindings overlap in different ranges, one written
+};
+
+typedef struct etm_msl_fault {
+  uint32_t kind;
+  int32_t buffer;        // [[buffer(i)]]; threadgroup faults: -1 (the site names the array)
+  int64_t offset;        // bytes from the start of the buffer / threadgroup array
+  uint64_t extent;       // its size in bytes
+  uint32_t size;         // the access's bytes (alias: 0, see overlap)
+  uint32_t site;         // the access site (the library's site table)
+  uint32_t tg[3];        // threadgroup_position_in_grid of the faulting thread
+  uint32_t thread[3];    // its thread_position_in_threadgroup
+  uint32_t other[3];     // races: the other thread; alias: [other buffer, 0, 0]
+  uint32_t other_known;  // 0: several other threads (a race with more than one reader)
+  uint32_t array_site;   // threadgroup faults: the array's declaration site
+  uint64_t overlap;      // alias: overlapping bytes
+  uint64_t count;        // faults of the same kind, memory and site (this is the first)
+} etm_msl_fault;
+
+typedef struct etm_msl_check_run {
+  const uint64_t* extents;  // bytes of each args[i] (UINT64_MAX: unknown, not checked)
+  uint32_t nargs;
+  uint32_t max_faults;
+  etm_msl_fault* faults;
+  uint32_t nfaults;    // out: distinct faults recorded
+  uint64_t dropped;    // out: faults not recorded (the table was full)
+  uint64_t accesses;   // out: checked accesses
+} etm_msl_check_run;
+
+// etm_msl_dispatch with the checker on (the entry must come from a checked build).
+int etm_msl_dispatch_checked(etm_msl_entry entry, void* const* args, const uint64_t* threads,
+                             const uint64_t* group, etm_msl_check_run* run, char* err,
+                             uint64_t err_len);
+// Checked accesses this process has made (an unchecked dispatch adds none).
+uint64_t etm_msl_checked_accesses(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,7 +38,12 @@
 // (read-only, and it keeps overloads on address space apart: c10's val_at_offs(constant void*)
 // and val_at_offs(device void*)); a macro could not drop the second `const` of
 // `constant const char*`.
+#ifdef ETM_MSL_CHECK
+// a checked build: msl_instrument.py finds device pointers by this word, then removes it
+#define device __etm_device
+#else
 #define device
+#endif
 #define thread
 #define ray_data
 
@@ -51,6 +56,9 @@ typedef _Float16 half;
 #include "msl_types.h"
 #include "msl_math.h"
 #include "msl_sync.h"
+#ifdef ETM_MSL_CHECK
+#include "msl_check.h"
+#endif
 
 
 // MSL code names the library unqualified (threadgroup_barrier, as_type, simd_sum, ...).

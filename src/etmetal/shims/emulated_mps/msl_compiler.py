@@ -9,6 +9,10 @@ keyed by the source maps it to the built library's entry, so creating a library 
 skips the preprocessor too. The index holds only the entry's name: it resolves inside the
 cache, and the entry (library and kernel descriptions) is verified against its digests
 before it is loaded. Includes are limited to Metal's and c10's headers (``msl_includes``).
+
+A checked build (``checked=True``, the device's check mode) is a separate library with its own
+key: preprocessed with ``ETM_MSL_CHECK`` and instrumented by ``msl_instrument`` before the
+rest of the rewriting. The normal build never contains the checker's accessors.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from etmetal.common.cache import ContentCache
 from etmetal.shims.emulated_mps.msl_includes import check_markers, check_source
+from etmetal.shims.emulated_mps.msl_instrument import Site, instrument
 from etmetal.shims.emulated_mps.msl_parse import (
     Kernel,
     Param,
@@ -50,7 +55,7 @@ from etmetal.shims.model_link import (
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SOURCE_NAME = "library.metal"
-_FORMAT = 2  # 2: the index names a verified entry holding kernels.json
+_FORMAT = 3  # 2: the index names a verified entry holding kernels.json; 3: + access sites
 KERNELS_FILE = "kernels.json"
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{24}$")  # native_build's keys
 LIB_NAME = "libmsl.so"
@@ -94,7 +99,7 @@ def torch_include_dir() -> str | None:
 @lru_cache(maxsize=1)
 def dispatcher_path() -> Path:
     """The dispatcher's shared object (built once per content)."""
-    src = (HERE / "msl_dispatch.cpp").read_text()
+    src = (HERE / "msl_dispatch.cpp").read_text() + (HERE / "msl_check.cpp").read_text()
     src = src.replace('#include "msl_abi.h"', (HERE / "msl_abi.h").read_text())
     return build_shared(
         "msl-dispatch",
@@ -113,7 +118,7 @@ def _write_stubs(d: Path) -> None:
         (d / name).write_text("// stand-in: etmetal's msl_compat.h declares this\n")
 
 
-def _preprocess(source: str) -> str:
+def _preprocess(source: str, checked: bool = False) -> str:
     check_source(source, frozenset(_STUB_HEADERS))
     with tempfile.TemporaryDirectory(prefix="etmetal-msl-") as tmp:
         path = Path(tmp) / SOURCE_NAME
@@ -122,6 +127,8 @@ def _preprocess(source: str) -> str:
         _write_stubs(stubs)
         cmd = [compiler("c++"), "-E", "-x", "c++", _STD, "-include", str(HERE / "msl_compat.h")]
         cmd += ["-I", str(HERE), "-I", str(stubs)]
+        if checked:
+            cmd.append("-DETM_MSL_CHECK=1")
         if torch_include_dir():
             cmd += ["-I", torch_include_dir()]
         proc = subprocess.run(cmd + [SOURCE_NAME], capture_output=True, text=True, cwd=tmp)
@@ -205,20 +212,22 @@ def _index_path(key: str) -> Path:
     return cache_root() / "msl" / "index" / f"{key}.json"
 
 
-def source_key(source: str) -> str:
-    text = "|".join([str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())])
+def source_key(source: str, checked: bool = False) -> str:
+    parts = [str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())]
+    text = "|".join(parts + (["checked"] if checked else []))
     h = hashlib.sha256(text.encode())
     h.update(_header_text().encode())
     # a library links the dispatcher by path: one built against another dispatcher build
     # (another cache format, say) would load a second copy with its own fiber state
     h.update(str(dispatcher_path()).encode())
-    for name in ("msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py"):  # what shapes the build
+    shaping = ("msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py", "msl_instrument.py")
+    for name in shaping:  # what shapes the build
         h.update((HERE / name).read_bytes())
     h.update(b"\0" + source.encode())
     return h.hexdigest()[:32]
 
 
-def _from_index(key: str) -> tuple[Path, list[Kernel]] | None:
+def _from_index(key: str) -> tuple[Path, list[Kernel], list[Site]] | None:
     """The library the index records for source ``key``, if it resolves to a verified entry
     of the cache built for that same source; else None (then it is built again)."""
     index = _index_path(key)
@@ -239,19 +248,24 @@ def _from_index(key: str) -> tuple[Path, list[Kernel]] | None:
         described = json.loads((entry / KERNELS_FILE).read_text())
         if described.get("source_key") != key:
             return None
-        return entry / LIB_NAME, [_kernel_from_json(k) for k in described["kernels"]]
+        kernels = [_kernel_from_json(k) for k in described["kernels"]]
+        return entry / LIB_NAME, kernels, [Site(**x) for x in described["sites"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def build_library(source: str) -> tuple[Path, list[Kernel]]:
-    """Compile ``source`` (cached) and describe its kernels. Raises CompileError/ParseError."""
-    key = source_key(source)
+def build_library(source: str, checked: bool = False) -> tuple[Path, list[Kernel], list[Site]]:
+    """Compile ``source`` (cached) and describe its kernels and, for a checked build, its
+    checked access sites. Raises CompileError/ParseError."""
+    key = source_key(source, checked)
     index = _index_path(key)
     found = _from_index(key)
     if found is not None:
         return found
-    text = in_library_code(rewrite_address_spaces(_preprocess(source)), float_literals, str(HERE))
+    text, sites = _preprocess(source, checked), []
+    if checked:
+        text, sites = instrument(text, str(HERE))
+    text = in_library_code(rewrite_address_spaces(text), float_literals, str(HERE))
     kernels = find_kernels(text)
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}
@@ -262,7 +276,11 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
     # libm: the header's __builtin_expf & co. become calls to expf & co. when not folded
     link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}", "-lm"]
     # the kernels' description travels in the entry, under its digests
-    described = {"source_key": key, "kernels": [asdict(k) for k in kernels]}
+    described = {
+        "source_key": key,
+        "kernels": [asdict(k) for k in kernels],
+        "sites": [asdict(x) for x in sites],
+    }
     files = {"library.cpp": unit.encode(), KERNELS_FILE: json.dumps(described).encode()}
     try:
         so = build_files(
@@ -280,7 +298,7 @@ def build_library(source: str) -> tuple[Path, list[Kernel]]:
     tmp = index.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"entry": so.parent.name}))
     os.replace(tmp, index)
-    return so, kernels
+    return so, kernels, sites
 
 
 def _kernel_from_json(d: dict) -> Kernel:

@@ -113,7 +113,14 @@ struct Group {
   char message[512];
 };
 
+// The checker (msl_check.cpp, appended to this file): set only while a checked dispatch runs,
+// so an unchecked one pays a null test per threadgroup and per barrier, nothing per access.
+struct Checker;
+void check_group_begin(Checker* c);
+void check_barrier(Checker* c);
+
 struct Worker {
+  Checker* checker = nullptr;
   std::vector<Fiber*> fibers;  // all fibers this OS thread owns
   std::vector<Fiber*> free_fibers;
   Group* group = nullptr;
@@ -329,6 +336,7 @@ void etm_msl_threadgroup_barrier(void) {
   g->threads[self].state = 2;
   g->at_barrier++;
   if (g->at_barrier == g->n) {
+    if (w.checker) check_barrier(w.checker);
     g->threads[self].state = 1;
     release_barrier(g, self);
     return;
@@ -475,6 +483,7 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
           th.result_phase = 0;
           th.result_active = 0;
         }
+        if (w.checker) check_group_begin(w.checker);
         if (run_group(w, &g) != 0) {
           snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gx, gy, gz, g.message);
           return 1;

@@ -268,7 +268,10 @@ def rewrite(text: str) -> str:
             before = chunk[: m.start()].rstrip()
             stmt_end = re.match(r"[^;(){}]*;", chunk[m.end() :])
             at_statement_start = not before or before[-1] in ";{}" or before.endswith("]]")
-            if at_statement_start and stmt_end:
+            # `threadgroup float* p = &tile[i];` is a thread's pointer into threadgroup
+            # memory (each thread its own), not threadgroup storage
+            pointer = stmt_end and re.match(r"[^=\[]*\*", stmt_end.group(0))
+            if at_statement_start and stmt_end and not pointer:
                 return "static thread_local"
             return " "
 
