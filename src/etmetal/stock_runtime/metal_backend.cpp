@@ -174,6 +174,8 @@ class MetalBackend final : public et::BackendInterface {
       destroy_delegate(d);
       return fail(where, error, et::Error::AccessFailed);
     }
+    etm_last_unbound = nullptr;  // what the container's creation reports is its own
+    etm_check_message[0] = '\0';
     int32_t rc = d->api.create(&d->container, 1, "cpu", nullptr);
     if (rc) {
       d->container = nullptr;
