@@ -41,8 +41,10 @@ CASES = {
         lambda ix: ix.replace(b'"offset":0', b'"offset":99999999999999999999', 1),
         "integer out of range",
     ),
-    "deep": (lambda ix: ix.replace(b'"format"', b'"x":' + b"[" * 40 + b"]" * 40 + b',"format"', 1),
-             "nested too deeply"),
+    "deep": (
+        lambda ix: ix.replace(b'"format"', b'"x":' + b"[" * 40 + b"]" * 40 + b',"format"', 1),
+        "nested too deeply",
+    ),
     "format": (lambda ix: _edit(ix, lambda d: d.update(format="other/1")), "another format"),
     "no_list": (lambda ix: _edit(ix, lambda d: d.pop("constants")), "no 'constants' list"),
     "missing": (lambda ix: _edit(ix, lambda d: d["constants"][0].pop("nbytes")), "lacks 'nbytes'"),

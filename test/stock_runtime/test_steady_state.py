@@ -50,11 +50,11 @@ def test_10000_executes_leave_rss_and_native_storages_flat(small, trusted):
         [got] = method.execute([x])
         if i % 1000 == 0:
             assert stock.native_counts() == steady
+    grown = _rss_bytes() - rss  # before the checks below, which load code of their own
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert stock.native_counts() == steady
     assert steady["stores"] == 0  # every intermediate buffer went back
     assert steady["python_calls"] == 0  # no shim reached (unbound) Python
-    grown = _rss_bytes() - rss
     assert grown < 512 << 10, f"resident memory grew by {grown} bytes over {RUNS} executes"
     assert not hasattr(ctypes.CDLL(None), "aoti_torch_empty_strided")  # nothing global
     del method
@@ -78,3 +78,26 @@ def test_execute_is_an_event_of_the_etdump(small, trusted, tmp_path):
         e for b in inspector.event_blocks for e in b.events if e.name == "MetalBackend.execute"
     ]
     assert len(event.perf_data.raw) == 3  # one per execute
+
+
+def test_the_demo_transformers_etdump_holds_its_execute_and_fallback_events(
+    stock_lowered, trusted, tmp_path
+):
+    from executorch.devtools import Inspector
+
+    from etmetal.examples.demo import get_demo
+
+    low = stock_lowered("demo:transformer_block", lambda: get_demo("transformer_block"))
+    [partition] = low.partitioner.report.partitions
+    fallbacks = set(partition.fallbacks)  # what the partitioner says the .so calls
+    assert fallbacks
+    program = Runtime.get().load_program(low.pte, enable_etdump=True, debug_buffer_size=0)
+    method = program.load_method("forward")
+    [got] = method.execute(list(low.inputs))
+    with torch.no_grad():
+        torch.testing.assert_close(got, low.module(*low.inputs), atol=1e-4, rtol=1e-4)
+    etdump = tmp_path / "demo.etdp"
+    program.write_etdump_result_to_file(str(etdump), str(tmp_path / "debug.bin"))
+    names = {e.name for b in Inspector(etdump_path=str(etdump)).event_blocks for e in b.events}
+    assert "MetalBackend.execute" in names
+    assert fallbacks <= names, sorted(names)

@@ -17,6 +17,7 @@
 #include "itemsizes.inc"  // etm_stock_itemsizes: c10 code -> bytes (build.py, from abi_codes)
 #include "native_fallbacks.h"
 #include "stock_constants.h"
+#include "stock_events.h"
 
 extern "C" {
 extern int64_t etm_native_limit, etm_native_cache_limit, etm_native_views, etm_native_borrows;
@@ -37,6 +38,11 @@ char last_error_text[4096] = {0};
 bool configured = false;
 const int64_t kNativeLimit = int64_t(1) << 40;  // every allocation is native: no Python here
 const int64_t kCacheLimit = int64_t(64) << 20;  // freed allocations kept for reuse
+
+// the event tracer of the execute in progress (the lock makes it one), for the fallbacks'
+// events (stock_events.h); fallbacks do not nest, a short stack keeps that an assumption
+et::EventTracer* current_tracer = nullptr;
+std::vector<et::EventTracerEntry> open_events;
 
 struct Delegate {
   std::string where, dir;
@@ -223,7 +229,10 @@ class MetalBackend final : public et::BackendInterface {
                   d->outs.data(), d->dsts.data(), 0, 0};
     etm_last_unbound = nullptr;
     etm_check_message[0] = '\0';
+    current_tracer = context.event_tracer();
     int32_t rc = etm_run(&call);
+    current_tracer = nullptr;
+    open_events.clear();
     bool ok = rc == 0;
     if (rc == ETM_NO_SLOT) error = "no native record is free for the inputs" + shim_context();
     else if (rc) error = container_error(d->api, rc, "running the model container");
@@ -356,6 +365,20 @@ std::string shim_context() {
 }  // namespace etm_stock
 
 extern "C" {
+
+int etm_stock_event_begin(const char* name) {
+  et::EventTracer* tracer = etm_stock::current_tracer;
+  if (!tracer) return 0;
+  etm_stock::open_events.push_back(
+      et::event_tracer_start_profiling_delegate(tracer, name, et::kUnsetDelegateDebugIntId));
+  return 1;
+}
+
+void etm_stock_event_end(int began) {
+  if (!began || !etm_stock::current_tracer || etm_stock::open_events.empty()) return;
+  et::event_tracer_end_profiling_delegate(etm_stock::current_tracer, etm_stock::open_events.back());
+  etm_stock::open_events.pop_back();
+}
 
 // the last failure's message ("" if none)
 ETM_EXPORT const char* etm_stock_last_error() { return etm_stock::last_error_text; }
