@@ -42,6 +42,7 @@ def test_10000_executes_leave_rss_and_native_storages_flat(small, trusted):
     x = small.inputs[0]
     with torch.no_grad():
         expected = small.module(x)
+    python_calls = stock.native_counts()["python_calls"]  # since load (other tests add)
     for _ in range(500):  # warm up: allocator caches, the record ring's pages
         method.execute([x])
     steady = stock.native_counts()
@@ -54,7 +55,7 @@ def test_10000_executes_leave_rss_and_native_storages_flat(small, trusted):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert stock.native_counts() == steady
     assert steady["stores"] == 0  # every intermediate buffer went back
-    assert steady["python_calls"] == 0  # no shim reached (unbound) Python
+    assert steady["python_calls"] == python_calls  # no shim reached (unbound) Python
     assert grown < 512 << 10, f"resident memory grew by {grown} bytes over {RUNS} executes"
     assert not hasattr(ctypes.CDLL(None), "aoti_torch_empty_strided")  # nothing global
     del method
