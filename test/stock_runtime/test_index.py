@@ -1,6 +1,7 @@
 """The weights index is read in C by a small strict JSON reader: every malformed index (its
 entry rehashed, so the integrity check passes and the reader is what is tested) is refused
-at load with a message naming the problem, never a crash or a wrong answer."""
+at load with a message naming the problem, never a crash or a wrong answer; so are
+processed bytes that are not a Metal delegate's key lines."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 
 import pytest
 import torch
+from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
 from executorch.runtime import Runtime
 
 import etmetal.stock_runtime as stock
@@ -82,3 +84,27 @@ def test_the_unmodified_index_loads(stock_lowered, trusted):
     [got] = Runtime.get().load_program(low.pte).load_method("forward").execute(list(low.inputs))
     with torch.no_grad():
         torch.testing.assert_close(got, low.module(*low.inputs), atol=1e-5, rtol=1e-5)
+
+
+PROCESSED = {
+    "one_line": lambda p: p.split(b"\n")[0],
+    "four_lines": lambda p: p + b"\n" + p.split(b"\n")[0],
+    "not_hex": lambda p: b"z" + p[1:],
+    "empty": lambda p: b"",
+    "wrong_suffix": lambda p: p.replace(b"_so_blob", b"_so_blab", 1),
+}
+
+
+@pytest.mark.parametrize("case", list(PROCESSED))
+def test_processed_bytes_that_are_not_key_lines_are_refused(case, stock_lowered, trusted):
+    low = stock_lowered("index:linear", _linear)
+    parsed = deserialize_pte_binary(low.pte)
+    [d] = parsed.program.execution_plan[0].delegates
+    inline = parsed.program.backend_delegate_data[d.processed.index]
+    inline.data = PROCESSED[case](bytes(inline.data))
+    pte = bytes(serialize_pte_binary(parsed, extract_delegate_segments=True))
+    with pytest.raises(RuntimeError):
+        Runtime.get().load_program(pte).load_method("forward")
+    gc.collect()
+    assert "processed bytes are not a Metal AOTI blob reference" in stock.last_error()
+    assert stock.native_counts()["delegates"] == 0

@@ -35,7 +35,15 @@ SOURCES = (
     "stock_loader.cpp",
     "stock_trust.cpp",
 )
-HEADERS = ("stock_backend.h", "stock_constants.h", "stock_custom_ops.h", "stock_events.h")
+HEADERS = (
+    "etmetal_stock.h",
+    "stock_backend.h",
+    "stock_constants.h",
+    "stock_custom_ops.h",
+    "stock_events.h",
+)
+# the C API a program linking the library calls (etm_stock_configure, ...)
+PUBLIC_HEADER = HERE / "etmetal_stock.h"
 LIB_NAME = "libetmetal_stock.so"
 # placeholder DT_NEEDED paths of the link-wrapper template, patched per delegate; each
 # path written over one must be shorter

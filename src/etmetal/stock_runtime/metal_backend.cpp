@@ -14,6 +14,7 @@
 #include <list>
 #include <mutex>
 
+#include "etmetal_stock.h"
 #include "itemsizes.inc"  // etm_stock_itemsizes: c10 code -> bytes (build.py, from abi_codes)
 #include "native_fallbacks.h"
 #include "stock_constants.h"
