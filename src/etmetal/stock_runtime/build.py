@@ -33,6 +33,7 @@ SOURCES = (
     "stock_constants.cpp",
     "stock_index.cpp",
     "stock_loader.cpp",
+    "stock_tensors.cpp",
     "stock_trust.cpp",
 )
 HEADERS = (
@@ -41,6 +42,7 @@ HEADERS = (
     "stock_constants.h",
     "stock_custom_ops.h",
     "stock_events.h",
+    "stock_tensors.h",
 )
 # the C API a program linking the library calls (etm_stock_configure, ...)
 PUBLIC_HEADER = HERE / "etmetal_stock.h"
