@@ -66,3 +66,31 @@ def test_a_shim_not_served_natively_fails_naming_it(stock_lowered, trusted):
     assert "method 'forward'" in message
     assert "shim aoti_torch_cpu_cumsum is not served natively" in message
     assert stock.native_counts()["delegates"] == 0
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.lin(x)) * 2
+
+
+def test_dynamic_outputs_are_resized_to_what_the_so_returns(stock_lowered, trusted):
+    def make():
+        torch.manual_seed(4)
+        batch = torch.export.Dim("batch", min=1, max=16)
+        return Scaled(), (torch.randn(16, 8),), {"dynamic_shapes": ({0: batch},)}
+
+    low = stock_lowered("dynamic:scaled", make)
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(low.pte).load_method("forward")
+    for rows in (3, 16, 2, 7):  # smaller than, equal to, then smaller than the upper bound
+        x = torch.randn(rows, 8)
+        [got] = method.execute([x])
+        with torch.no_grad():
+            expected = low.module(x)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
