@@ -1,12 +1,14 @@
 """10,000 executes of a small host program through the stock runtime: resident memory stays
 flat, the native layer's live records and storages stay at their steady values, and no
-shim call reaches Python (this library has no Python forwarder bound); the execute is
-reported to the event tracer, which the Inspector reads back."""
+shim call reaches Python (this library has no Python forwarder bound); the execute and its
+fallbacks are reported to the event tracer, which the Inspector reads back; and a process
+without Python registers and configures the library."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import subprocess
 
 import pytest
 import torch
@@ -102,3 +104,44 @@ def test_the_demo_transformers_etdump_holds_its_execute_and_fallback_events(
     names = {e.name for b in Inspector(etdump_path=str(etdump)).event_blocks for e in b.events}
     assert "MetalBackend.execute" in names
     assert fallbacks <= names, sorted(names)
+
+
+def test_a_process_without_python_registers_and_configures_the_library(tmp_path):
+    """What a Python-free runner does first: load the library (libexecutorch comes with it),
+    check the registration, configure it from C."""
+    from etmetal.common.native_build import compiler
+    from etmetal.shims.native_fallbacks import libtorch_cpu_path
+
+    source = tmp_path / "probe.c"
+    source.write_text(
+        '#include <dlfcn.h>\n#include <stdio.h>\n#include <string.h>\n#include "etmetal_stock.h"\n'
+        "int main(int argc, char** argv) {\n"
+        "  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);\n"
+        '  if (!lib) { printf("dlopen %s\\n", dlerror()); return 2; }\n'
+        '  int (*reg)(void) = (int (*)(void))dlsym(lib, "etm_stock_registration");\n'
+        '  int (*conf)(const char*) = (int (*)(const char*))dlsym(lib, "etm_stock_configure");\n'
+        '  const char* (*err)(void) = (const char* (*)(void))dlsym(lib, "etm_stock_last_error");\n'
+        '  printf("registration %d configure %d [%s]\\n", reg(), conf(argv[2]), err());\n'
+        '  printf("bad %d [%s]\\n", conf("/nonexistent/libtorch_cpu.so"), err());\n'
+        '  FILE* maps = fopen("/proc/self/maps", "r");\n  char line[4096];\n'
+        '  while (fgets(line, sizeof line, maps)) if (strstr(line, "libpython")) printf("%s", line);\n'
+        "  return 0;\n}\n"
+    )
+    exe = tmp_path / "probe"
+    include = str(stock.header_path().parent)
+    build = subprocess.run(
+        [compiler("c"), "-O1", "-I", include, str(source), "-o", str(exe), "-ldl"],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr
+    proc = subprocess.run(
+        [str(exe), str(stock.library_path()), str(libtorch_cpu_path())],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "registration 0 configure 0 []", proc.stdout
+    assert lines[1].startswith("bad 1 [etm_stock_configure: cannot load libtorch_cpu from ")
+    assert len(lines) == 2, "libpython is mapped: " + "\n".join(lines[2:])
