@@ -13,6 +13,7 @@ import torch
 import etmetal.stock_runtime as stock
 from etmetal.examples.demo import DEMO_MODELS, get_demo
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
+from etmetal.testing.pte_blobs import metal_delegates
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_matches, fresh_like  # noqa: E402
@@ -46,9 +47,12 @@ def test_demo_model_matches_eager(name, stock_lowered, trusted):
 def test_upstream_one_blob_layout_matches_eager(stock_lowered, trusted):
     make = lambda: (*get_demo("transformer_block"), {"runtime": "upstream"})  # noqa: E731
     low = stock_lowered("demo:transformer_block:upstream", make)
+    assert all(d.layout == "one_blob" for d in metal_delegates(low.pte))
     with torch.no_grad():
         expected = low.module(*low.inputs)
     assert_matches(low.execute(low.inputs), expected, 1e-4, 1e-4)
+    counts = stock.native_counts()  # the container's constants went with it
+    assert (counts["delegates"], counts["live"], counts["stores"]) == (0, 0, 0)
 
 
 class CumulativeSum(torch.nn.Module):
