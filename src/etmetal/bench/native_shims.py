@@ -5,7 +5,9 @@ through the ``.pte`` path), run interleaved in one process: torch's own runner o
 same exported method built with libtorch, and etmetal on its native shims and on its
 Python shims (``ShimContext.set_implementation``). Each arm reports the median CPU time
 (``time.process_time``) beside the median wall time, and etmetal's arms the shim calls
-per run that were served in C and that reached Python (``Bridge.shim_counts``).
+per run that were served in C and that reached Python (``Bridge.shim_counts``). The
+``stock_runtime`` arm is the same ``.pte`` in ExecuTorch's own runtime on etmetal's native
+``MetalBackend`` (:mod:`etmetal.stock_runtime`).
 
 Run it with ``etmetal bench native [--config tiny|30m]``.
 """
@@ -64,6 +66,19 @@ def counts_per_run(ctx, fn: Callable[[], Any], runs: int = 5) -> tuple[float, fl
     return native / runs, python / runs
 
 
+def stock_counts_per_run(fn: Callable[[], Any], runs: int = 5) -> tuple[float, float]:
+    """(native, Python) shim calls per call of ``fn`` in the stock runtime's backend."""
+    from etmetal.stock_runtime import native_counts
+
+    fn()
+    before = native_counts()
+    for _ in range(runs):
+        fn()
+    after = native_counts()
+    python = after["python_calls"] - before["python_calls"]
+    return (after["shim_calls"] - before["shim_calls"] - python) / runs, python / runs
+
+
 def _report(case: str, timings: dict[str, tuple[float, float]], counts: dict) -> dict:
     ref_wall, ref_cpu = timings["torch_aoti"]
     print(f"  {case}:")
@@ -114,6 +129,13 @@ def bench_lm(config: str, programs: Path, repeat: int, budget: float) -> dict:
         ctx.set_implementation(shims)  # the methods' constants follow it at load
         programs_by_shims[shims] = Runtime.get().load_program(str(pte), trust_native_code=True)
     ctx.set_implementation("native")
+    # the same program in ExecuTorch's own runtime, on etmetal's native MetalBackend
+    from executorch.runtime import Runtime as StockRuntime
+
+    from etmetal import stock_runtime
+
+    stock_runtime.register(trust_native_code=True)
+    stock_program = StockRuntime.get().load_program(str(pte))
     out = {}
     for name, inputs in cases.items():
         runs = {}
@@ -129,6 +151,8 @@ def bench_lm(config: str, programs: Path, repeat: int, budget: float) -> dict:
             want = model(*inputs)
         outs = {s: m.execute(inputs)[0] for s, (_, m) in runs.items()}
         outs["torch_aoti"] = runner.run(inputs)[0]
+        stock_m = stock_program.load_method(name)
+        outs["stock_runtime"] = stock_m.execute(inputs)[0]
         errs = {k: (v - want).abs().max().item() for k, v in outs.items()}
         if max(errs.values()) > 1e-3 * max(1.0, want.abs().max().item()):
             raise SystemExit(f"native_shims: {name}: outputs differ from eager: {errs}")
@@ -140,11 +164,13 @@ def bench_lm(config: str, programs: Path, repeat: int, budget: float) -> dict:
                 "etmetal_python",
                 _switching(ctx, "python", lambda m=python_m, i=inputs: m.execute(i)),
             ),
+            ("stock_runtime", lambda m=stock_m, i=inputs: m.execute(i)),
         ]
         timings = interleaved_cpu(arms, repeat=repeat, inner=1, budget_s=budget)
         counts = {
             "etmetal_native": counts_per_run(ctx, arms[1][1]),
             "etmetal_python": counts_per_run(ctx, arms[2][1]),
+            "stock_runtime": stock_counts_per_run(arms[3][1]),
         }
         out[f"lm_{config}_{name}"] = _report(f"lm {config} {name}", timings, counts)
     return out
@@ -152,7 +178,7 @@ def bench_lm(config: str, programs: Path, repeat: int, budget: float) -> dict:
 
 def bench_tiny(repeat: int, budget: float, tmp: Path) -> dict:
     from etmetal.backend.aoti_compile import compile_exported_program
-    from etmetal.bench.delegate import delegate_method, torch_runner
+    from etmetal.bench.delegate import delegate_method, stock_method, torch_runner
     from etmetal.examples.bench import models
     from etmetal.shims import AotiModel, default_context
 
@@ -167,9 +193,11 @@ def bench_tiny(repeat: int, budget: float, tmp: Path) -> dict:
     blob = art.weights_path.read_bytes()
     native = AotiModel(art.so_path, blob)
     method, _ = delegate_method(module, tuple(inputs), tmp)
+    stock = stock_method(tmp / "model.pte")
     with torch.no_grad():
         want = module(*inputs)
-    for got in (native.run(inputs)[0], method.execute(inputs)[0], runner.run(inputs)[0]):
+    runs = (native.run(inputs), method.execute(inputs), runner.run(inputs), stock.execute(inputs))
+    for got in (r[0] for r in runs):
         if not torch.allclose(got, want, atol=1e-5):
             raise SystemExit("native_shims: tiny: outputs differ from eager")
     arms = [
@@ -177,9 +205,12 @@ def bench_tiny(repeat: int, budget: float, tmp: Path) -> dict:
         ("etmetal_shims", lambda: native.run(inputs)),
         ("etmetal_pte", lambda: method.execute(inputs)),
         ("etmetal_shims_py", _switching(ctx, "python", lambda: native.run(inputs))),
+        ("stock_runtime", lambda: stock.execute(inputs)),
     ]
     timings = interleaved_cpu(arms, repeat=repeat, inner=2000, budget_s=budget)
-    counts = {name: counts_per_run(ctx, fn) for name, fn in arms[1:]}
+    # the stock runtime's backend has its own native layer, with its own counters
+    counts = {name: counts_per_run(ctx, fn) for name, fn in arms[1:4]}
+    counts["stock_runtime"] = stock_counts_per_run(arms[4][1])
     result = {"tiny": _report("tiny", timings, counts)}
     native.close()
     return result
