@@ -148,6 +148,8 @@ class MslFunction:
         self._entry = entry
         # the loop entry of a kernel that never synchronises (None: its threads are fibers)
         self._loop = loop
+        self.synchronises: bool = kernel.sync  # may reach a barrier or SIMD-group operation
+        self.runs_as_loop: bool = loop is not None  # its threadgroups run as plain loops
         self._index_set = frozenset(self.buffer_indices)
         self._slot_type = ctypes.c_void_p * (
             (max(self.buffer_indices) + 1) if self.buffer_indices else 1

@@ -98,12 +98,21 @@ def torch_include_dir() -> str | None:
     return str(inc) if inc.is_dir() else None
 
 
+# The dispatcher is one unit: the fiber executor, then the checker and the pool, which use its
+# worker and threadgroup records.
+DISPATCHER_PARTS = ("msl_dispatch.cpp", "msl_check.cpp", "msl_pool.cpp")
+
+
+def dispatcher_source() -> str:
+    """The dispatcher's translation unit, as it is built (msl_abi.h pasted in)."""
+    src = "".join((HERE / name).read_text() for name in DISPATCHER_PARTS)
+    return src.replace('#include "msl_abi.h"', (HERE / "msl_abi.h").read_text())
+
+
 @lru_cache(maxsize=1)
 def dispatcher_path() -> Path:
     """The dispatcher's shared object (built once per content)."""
-    parts = ("msl_dispatch.cpp", "msl_check.cpp", "msl_pool.cpp")
-    src = "".join((HERE / name).read_text() for name in parts)
-    src = src.replace('#include "msl_abi.h"', (HERE / "msl_abi.h").read_text())
+    src = dispatcher_source()
     return build_shared(
         "msl-dispatch",
         "libetmetal_msl_dispatch.so",

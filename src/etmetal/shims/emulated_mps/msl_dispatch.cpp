@@ -296,8 +296,34 @@ bool resolve_stall(Group* g) {
   return false;
 }
 
+// The calling thread waits: control passes straight to the next thread that can run (a
+// released one, else a fresh fiber for a thread not started yet), without a round trip
+// through the scheduler; only when none can run does the scheduler take over (a stall, a
+// failure). Whoever resumes this fiber sets w.current_fiber and w.current.
 void block(Worker& w) {
-  switch_to_scheduler(w);
+  Group* g = w.group;
+  Fiber* self = w.current_fiber;
+  Fiber* next = nullptr;
+  if (!g->failed) {
+    if (!g->runnable.empty()) {
+      int32_t t = g->runnable.back();
+      g->runnable.pop_back();
+      w.current = t;
+      next = g->threads[t].fiber;
+    } else if (g->started < g->n) {
+      next = new_fiber(w);  // on failure the scheduler reports it
+    }
+  }
+  if (next == nullptr) {
+    switch_to_scheduler(w);
+    return;
+  }
+  w.current_fiber = next;
+#if defined(__x86_64__)
+  etm_msl_switch(&self->sp, next->sp);
+#else
+  swapcontext(&self->ctx, &next->ctx);
+#endif
 }
 
 // ---- the grid ------------------------------------------------------------------------------
@@ -402,14 +428,18 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
     sg.mismatch = false;
     sg.phase = 0;
   }
+  uint32_t p[3] = {0, 0, 0};  // the position in the threadgroup, x fastest
   for (uint32_t i = 0; i < n; i++) {
     Thread& th = g.threads[i];
     etm_msl_thread& t = th.info;
     t = base;
-    const uint32_t p[3] = {i % size[0], (i / size[0]) % size[1], i / (size[0] * size[1])};
     for (int d = 0; d < 3; d++) {
       t.tg_pos[d] = p[d];
       t.grid_pos[d] = uint32_t(gid[d] * L.group[d] + p[d]);
+    }
+    if (++p[0] == size[0]) {
+      p[0] = 0;
+      if (++p[1] == size[1]) p[1] = 0, p[2]++;
     }
     t.index_in_tg = i;
     t.lane = i % kWidth;
