@@ -18,6 +18,10 @@
 namespace {
 
 constexpr uint32_t kMaxWorkers = 64;
+// Waking a helper costs some microseconds: a loop-run grid smaller than this (a few tens of
+// microseconds of work) stays on the calling thread. A fiber-run threadgroup costs more than
+// a wake-up, so any grid of two or more of them is shared.
+constexpr uint64_t kMinLoopThreadsToShare = 16384;
 
 struct Job {
   const Launch* launch;
@@ -85,7 +89,8 @@ int run_grid(Worker& w, const Launch& L, uint32_t workers, char* err, uint64_t e
   if (workers > kMaxWorkers) workers = kMaxWorkers;
   Pool& p = pool();
   std::unique_lock<std::mutex> busy(p.busy, std::defer_lock);
-  if (workers > 1 && L.count > 1) busy.try_lock();
+  const bool worth_it = L.loop == nullptr || L.count * L.per_group >= kMinLoopThreadsToShare;
+  if (workers > 1 && L.count > 1 && worth_it) busy.try_lock();
   if (!busy.owns_lock()) {
     for (uint64_t i = 0; i < L.count; i++)
       if (run_threadgroup(w, L, i, err, err_len) != 0) return 1;
