@@ -111,10 +111,36 @@ def tainted_names(text: str) -> set[str]:
     return tainted
 
 
-def synchronising(text: str, spans: list[tuple[int, int]]) -> list[bool]:
+_MARKER = re.compile(r'^# \d+ "([^"]*)"([ \d]*)$', re.M)
+
+
+def library_part(text: str, own_dir: str) -> str:
+    """``text`` with everything outside the library and c10's headers blanked (same offsets):
+    system headers cannot synchronise, and etmetal's own headers reach the dispatcher only
+    through functions named like Metal's (``simd_*``, ``threadgroup_barrier``), which are
+    roots by name. Scanning only the rest keeps this a small part of a library's build."""
+    out, pos, keep = [], 0, True
+    for m in _MARKER.finditer(text):
+        chunk = text[pos : m.start()]
+        out.append(chunk if keep else " " * len(chunk))
+        out.append(m.group(0))
+        path, flags = m.group(1), m.group(2).split()
+        keep = "3" not in flags and not path.startswith((own_dir, "<"))
+        pos = m.end()
+    tail = text[pos:]
+    out.append(tail if keep else " " * len(tail))
+    return "".join(out)
+
+
+def synchronising(
+    text: str, spans: list[tuple[int, int]], own_dir: str | None = None
+) -> list[bool]:
     """For each kernel span (declaration start, end) of ``text``: whether it may reach a
     barrier or a SIMD-group operation. A kernel's span is its definition, or for an explicit
-    instantiation its declaration; an instantiation is judged by the template it names."""
+    instantiation its declaration; an instantiation is judged by the template it names. With
+    ``own_dir`` (etmetal's headers), only the library's and c10's code is scanned."""
+    if own_dir is not None:
+        text = library_part(text, own_dir)
     tainted = tainted_names(text)
 
     def body_syncs(s: int, e: int) -> bool:

@@ -281,7 +281,9 @@ def build_library(source: str, checked: bool = False) -> tuple[Path, list[Kernel
         text, sites = instrument(text, str(HERE))
     text = in_library_code(rewrite_address_spaces(text), float_literals, str(HERE))
     kernels = find_kernels(text)
-    for k, syncs in zip(kernels, synchronising(text, [(k.start, k.end) for k in kernels])):
+    for k, syncs in zip(
+        kernels, synchronising(text, [(k.start, k.end) for k in kernels], str(HERE))
+    ):
         k.sync = syncs
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}
