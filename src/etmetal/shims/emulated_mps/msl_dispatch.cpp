@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <memory>
 #include <vector>
 
 #include "msl_abi.h"
@@ -146,7 +147,23 @@ struct Worker {
   }
 };
 
-thread_local Worker tls_worker;
+// A thread's Worker is reached through one pointer of static TLS (initial-exec: a plain
+// thread-pointer-relative load, where a thread_local object of a dlopen'ed library costs a
+// __tls_get_addr call on every access, several per kernel thread); it is made on the
+// thread's first dispatch and its owner frees it when the thread exits.
+__attribute__((tls_model("initial-exec"))) thread_local Worker* tls_worker_ptr = nullptr;
+thread_local std::unique_ptr<Worker> tls_worker_owner;
+
+__attribute__((noinline)) Worker* make_worker() {
+  tls_worker_owner.reset(new Worker);
+  tls_worker_ptr = tls_worker_owner.get();
+  return tls_worker_ptr;
+}
+
+inline Worker& worker() {
+  Worker* w = tls_worker_ptr;
+  return __builtin_expect(w != nullptr, 1) ? *w : *make_worker();
+}
 
 
 
@@ -182,7 +199,7 @@ void finish_thread(Group* g, int32_t t);
 // A fiber's life: run not-yet-started threads one after another until none is left, then go
 // back to the scheduler for good (it is re-initialised when reused).
 void fiber_main() {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   Group* g = w.group;
   Fiber* self = w.current_fiber;
   while (!g->failed && g->started < g->n) {
@@ -472,7 +489,7 @@ int etm_msl_abi_version(void) { return ETM_MSL_ABI_VERSION; }
 [[noreturn]] static void escape_loop(Worker& w) { longjmp(w.escape, 1); }
 
 void etm_msl_threadgroup_barrier(void) {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   if (w.looping) escape_loop(w);
   Group* g = w.group;
   int32_t self = w.current;
@@ -497,7 +514,7 @@ static void park_if_failed(Worker& w) {
 }
 
 etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_t key) {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   if (w.looping) escape_loop(w);
   Group* g = w.group;
   int32_t self = w.current;
@@ -535,7 +552,7 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
 int etm_msl_launch(etm_msl_entry entry, etm_msl_loop loop, void* const* args,
                    const uint64_t* threads, const uint64_t* group, uint32_t workers, char* err,
                    uint64_t err_len) {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   if (w.group != nullptr || w.looping) {
     snprintf(err, err_len, "dispatch from inside a running kernel");
     return 1;

@@ -50,7 +50,7 @@ Pool& pool() {
 }
 
 void run_share(Job& job) {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   const Launch& L = *job.launch;
   char err[600];
   while (!job.failed.load(std::memory_order_relaxed)) {
