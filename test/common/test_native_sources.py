@@ -2,11 +2,13 @@
 
 Each file is handed to the system compiler alone (``-fsyntax-only``, ``-Wall -Wextra -Werror``)
 with the language standard its build really uses: a fragment that only compiles spliced into
-something else, or a warning, fails here. Two kinds of file are checked in the one context
+something else, or a warning, fails here. Three kinds of file are checked in the one context
 they are built in, and each is named below:
 
 - ``shims/emulated_mps/bridge_source.cpp`` is compiled into the generated shim bridge, after
   the bridge's globals: it is checked inside that prelude (``etmetal.shims.bridge``);
+- ``msl_dispatch.cpp``, ``msl_check.cpp`` and ``msl_pool.cpp`` are one unit, the dispatcher
+  (the checker and the pool use the executor's records): it is checked as it is built;
 - ``msl_types.h``, ``msl_math.h`` and ``msl_sync.h`` are the parts of ``msl_compat.h`` (the
   Metal-compatibility header a shader library is compiled after) and are checked through it.
 """
@@ -26,11 +28,17 @@ PACKAGE = Path(etmetal.__file__).resolve().parent
 SOURCES = sorted(p for p in PACKAGE.rglob("*") if p.suffix in (".c", ".cpp", ".h", ".hpp"))
 MSL = "shims/emulated_mps"
 # the emulated Metal device is C++ throughout; MSL on the CPU needs C++20
-CXX_HEADERS = {f"{MSL}/msl_abi.h": "-std=c++17", f"{MSL}/msl_compat.h": "-std=c++20"}
+CXX_HEADERS = {
+    f"{MSL}/msl_abi.h": "-std=c++17",
+    f"{MSL}/msl_compat.h": "-std=c++20",
+    f"{MSL}/msl_check.h": "-std=c++20",  # msl_compat.h's part for a checked build
+}
 HEADER_PARTS = {
     f"{MSL}/{n}": f"{MSL}/msl_compat.h" for n in ("msl_types.h", "msl_math.h", "msl_sync.h")
 }
-FRAGMENTS = {f"{MSL}/bridge_source.cpp"}
+FRAGMENTS = {f"{MSL}/bridge_source.cpp"} | {
+    f"{MSL}/{n}" for n in ("msl_dispatch.cpp", "msl_check.cpp", "msl_pool.cpp")
+}
 
 
 def _rel(path: Path) -> str:
@@ -103,3 +111,14 @@ def test_the_bridge_fragment_compiles_in_the_bridge_prelude():
     assert fragment in source, "bridge_source.cpp is no longer part of the device's bridge source"
     proc = _compile(source, "c++", "-std=c++17", "-I", str(PACKAGE / "shims"))
     assert proc.returncode == 0, f"bridge_source.cpp in the bridge prelude:\n{proc.stderr}"
+
+
+def test_the_dispatcher_compiles_as_one_unit_without_warnings():
+    from etmetal.shims.emulated_mps import msl_compiler
+
+    # its parts in the build's order (the build pastes msl_abi.h where this includes it)
+    source = "".join((PACKAGE / MSL / p).read_text() for p in msl_compiler.DISPATCHER_PARTS)
+    abi = (PACKAGE / MSL / "msl_abi.h").read_text()
+    assert source.replace('#include "msl_abi.h"', abi) == msl_compiler.dispatcher_source()
+    proc = _compile(source, "c++", "-std=c++17", "-I", str(PACKAGE / MSL))
+    assert proc.returncode == 0, f"the dispatcher unit:\n{proc.stderr}"

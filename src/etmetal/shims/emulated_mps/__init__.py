@@ -2,8 +2,9 @@
 
 ``msl`` is the API (``compile_library`` -> ``MslLibrary.function`` -> ``MslFunction.dispatch``,
 ``MslError``); ``msl_compiler``/``msl_parse`` turn a library's source into a shared object
-with ``msl_compat.h``; ``msl_dispatch.cpp`` runs a kernel with Metal's threadgroup, barrier and
-SIMD-group semantics.
+with ``msl_compat.h``; ``msl_classify`` finds the kernels that never synchronise (they run as
+plain loops); ``msl_dispatch.cpp`` runs a kernel with Metal's threadgroup, barrier and
+SIMD-group semantics, ``msl_pool.cpp`` spreads its threadgroups over the intra-op threads.
 
 The device around them: ``mps_device`` (``mps`` storage and the raw buffers of
 ``shim_mps.h``), ``mps_kernels`` (shader libraries, kernel functions, encoding, dispatch),

@@ -32,6 +32,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
+
 from etmetal.shims.emulated_mps import limits
 from etmetal.shims.emulated_mps.check import CHECKS, CheckRun, FaultRecord, MetalFault, faults_of
 from etmetal.shims.emulated_mps.msl_compiler import CompileError, build_library, dispatcher_path
@@ -82,13 +84,15 @@ _libraries: dict[tuple[str, bool], MslLibrary] = {}
 
 @functools.cache  # the dispatcher's dlopen handle: one per process, like the libraries
 def _dispatch_fn() -> ctypes._CFuncPtr:
-    fn = ctypes.CDLL(str(dispatcher_path())).etm_msl_dispatch
+    fn = ctypes.CDLL(str(dispatcher_path())).etm_msl_launch
     fn.restype = ctypes.c_int
     fn.argtypes = [
         ctypes.c_void_p,
         ctypes.c_void_p,
+        ctypes.c_void_p,
         ctypes.POINTER(ctypes.c_uint64),
         ctypes.POINTER(ctypes.c_uint64),
+        ctypes.c_uint32,
         ctypes.c_char_p,
         ctypes.c_uint64,
     ]
@@ -128,6 +132,7 @@ class MslFunction:
         kernel: Kernel,
         entry: int,
         descs: Sequence[int] = (),
+        loop: int | None = None,
     ) -> None:
         self.library = library
         self.name = kernel.name
@@ -141,6 +146,10 @@ class MslFunction:
             self.arg_kinds[idx] = (kind, d & 0xFFFFFFFF)
         self.max_threads_per_group = kernel.max_threads or MAX_THREADS_PER_GROUP
         self._entry = entry
+        # the loop entry of a kernel that never synchronises (None: its threads are fibers)
+        self._loop = loop
+        self.synchronises: bool = kernel.sync  # may reach a barrier or SIMD-group operation
+        self.runs_as_loop: bool = loop is not None  # its threadgroups run as plain loops
         self._index_set = frozenset(self.buffer_indices)
         self._slot_type = ctypes.c_void_p * (
             (max(self.buffer_indices) + 1) if self.buffer_indices else 1
@@ -239,7 +248,11 @@ class MslFunction:
             slots[i] = a
         err = _error_buffer()
         if run is None:
-            rc = self._dispatch(self._entry, slots, _U64x3(*t), _U64x3(*g), err, len(err))
+            # threadgroups over the intra-op threads, as ATen's CPU kernels would use them
+            workers = torch.get_num_threads()
+            rc = self._dispatch(
+                self._entry, self._loop, slots, _U64x3(*t), _U64x3(*g), workers, err, len(err)
+            )
         else:
             rc = _checked_dispatch_fn()(
                 self._entry, slots, _U64x3(*t), _U64x3(*g), ctypes.byref(run), err, len(err)
@@ -287,9 +300,12 @@ class MslLibrary:
             )
         kernel, i = self._kernels[name]
         entry = ctypes.cast(getattr(self._dll, f"etm_msl_entry_{i}"), ctypes.c_void_p).value
+        loop = None
+        if not kernel.sync and not self.checked:
+            loop = ctypes.cast(getattr(self._dll, f"etm_msl_loop_{i}"), ctypes.c_void_p).value
         n = max(len(kernel.buffer_indices), 1)
         descs = tuple((ctypes.c_ulonglong * n).in_dll(self._dll, f"etm_msl_args_{i}"))
-        fn = self._functions[name] = MslFunction(self, kernel, entry, descs)
+        fn = self._functions[name] = MslFunction(self, kernel, entry, descs, loop)
         return fn
 
 

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define ETM_MSL_ABI_VERSION 1
+#define ETM_MSL_ABI_VERSION 2
 #define ETM_MSL_SIMD_WIDTH 32
 // One SIMD lane's exchange slot: the widest value a SIMD operation moves (data + fill of a
 // 4-component 64-bit vector).
@@ -38,6 +38,11 @@ typedef struct etm_msl_thread {
 } etm_msl_thread;
 
 typedef void (*etm_msl_entry)(void* const* args, const etm_msl_thread* thread);
+// A kernel that never synchronises also has `void loop(void* const* args, const
+// etm_msl_thread* group)`: it runs every thread of one threadgroup, whose fields `group`
+// carries (tg_id, tg_size, dispatch_tg_size, grid_size, tgs_per_grid and the per-group
+// counts), as one loop.
+typedef void (*etm_msl_loop)(void* const* args, const etm_msl_thread* group);
 
 // What a SIMD operation sees once every participating lane has arrived: the slots of all 32
 // lanes (ETM_MSL_SLOT_BYTES apart) and which of them took part.
@@ -58,6 +63,11 @@ etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_
 // Returns 0, or nonzero with a message in err.
 int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,
                      const uint64_t* group, char* err, uint64_t err_len);
+// The same, with the kernel's loop entry (or NULL: fibers) and threadgroups spread over up to
+// `workers` OS threads (the calling one included; 1: all on the calling thread).
+int etm_msl_launch(etm_msl_entry entry, etm_msl_loop loop, void* const* args,
+                   const uint64_t* threads, const uint64_t* group, uint32_t workers, char* err,
+                   uint64_t err_len);
 int etm_msl_abi_version(void);
 
 // ---- the checker (ETMETAL_METAL_CHECK; msl_check.h, msl_check.cpp) -------------------------

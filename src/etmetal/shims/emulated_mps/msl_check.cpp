@@ -65,7 +65,7 @@ void check_group_begin(Checker* c) {
 void check_barrier(Checker* c) { c->epoch++; }
 
 const etm_msl_thread& current_thread() {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   return w.group->threads[w.current].info;
 }
 
@@ -143,7 +143,7 @@ void note_write(Checker* c, int32_t b) {
 void shadow_access(Checker* c, Region& reg, uint64_t off, uint32_t size, uint32_t flags,
                    uint32_t site) {
   const uint32_t self = current_thread().index_in_tg, e = c->epoch;
-  Worker& w = tls_worker;
+  Worker& w = worker();
   bool uninit = false, raw = false, war = false, waw = false;
   uint32_t raw_by = 0, war_by = 0, waw_by = 0;
   for (uint64_t i = off; i < off + size; i++) {
@@ -240,7 +240,7 @@ extern "C" {
 
 void* etm_msl_check_device(const void* addr, uint32_t size, int32_t buffer, uint32_t flags,
                            uint32_t site) {
-  Checker* c = tls_worker.checker;
+  Checker* c = worker().checker;
   if (!c) return const_cast<void*>(addr);  // a checked library run unchecked: no checks
   c->accesses++;
   const uintptr_t a = uintptr_t(addr);
@@ -265,7 +265,7 @@ void* etm_msl_check_device(const void* addr, uint32_t size, int32_t buffer, uint
 
 void* etm_msl_check_threadgroup(const void* addr, uint32_t size, const void* array,
                                 uint32_t flags, uint32_t site) {
-  Checker* c = tls_worker.checker;
+  Checker* c = worker().checker;
   if (!c) return const_cast<void*>(addr);
   c->accesses++;
   const uintptr_t a = uintptr_t(addr);
@@ -297,13 +297,13 @@ void* etm_msl_check_threadgroup(const void* addr, uint32_t size, const void* arr
 }
 
 void etm_msl_declare_threadgroup(const void* base, uint64_t size, uint32_t site) {
-  Checker* c = tls_worker.checker;
+  Checker* c = worker().checker;
   if (!c) return;
   const uintptr_t b = uintptr_t(base);
   for (uint32_t i = 0; i < c->live; i++)
     if (c->regions[i].base == b) return;  // another thread of the threadgroup declared it
   if (size > kMaxShadowBytes) {  // far past Metal's 32 KB: refuse rather than allocate
-    fail(tls_worker.group, "the checker cannot shadow a threadgroup array of %llu bytes (its "
+    fail(worker().group, "the checker cannot shadow a threadgroup array of %llu bytes (its "
          "limit is %llu; Metal gives a threadgroup 32 KB)", (unsigned long long)size,
          (unsigned long long)kMaxShadowBytes);
     size = 0;
@@ -322,7 +322,7 @@ void etm_msl_declare_threadgroup(const void* base, uint64_t size, uint32_t site)
 int etm_msl_dispatch_checked(etm_msl_entry entry, void* const* args, const uint64_t* threads,
                              const uint64_t* group, etm_msl_check_run* run, char* err,
                              uint64_t err_len) {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   if (w.group != nullptr || w.checker != nullptr) {
     snprintf(err, err_len, "dispatch from inside a running kernel");
     return 1;

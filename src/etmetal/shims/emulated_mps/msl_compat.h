@@ -105,6 +105,37 @@ constexpr V position(const uint32_t* p) {
 }
 }  // namespace etm
 
+// A kernel that never synchronises (msl_classify.py) runs a threadgroup as this loop: `g`
+// carries the threadgroup's fields, the loop sets each thread's own, in
+// thread_index_in_threadgroup order. The body is inlined, so the compiler sees a plain loop
+// over the threads (no call, no fiber) and may vectorize it.
+namespace etm {
+template <class F>
+inline void for_each_thread(const etm_msl_thread* g, F body) {
+  etm_msl_thread t = *g;
+  uint32_t i = 0;
+  for (uint32_t z = 0; z < g->tg_size[2]; z++) {
+    t.tg_pos[2] = z;
+    t.grid_pos[2] = g->tg_id[2] * g->dispatch_tg_size[2] + z;
+    for (uint32_t y = 0; y < g->tg_size[1]; y++) {
+      t.tg_pos[1] = y;
+      t.grid_pos[1] = g->tg_id[1] * g->dispatch_tg_size[1] + y;
+      const uint32_t x0 = g->tg_id[0] * g->dispatch_tg_size[0];
+      for (uint32_t x = 0; x < g->tg_size[0]; x++, i++) {
+        t.tg_pos[0] = x;
+        t.grid_pos[0] = x0 + x;
+        t.index_in_tg = i;
+        t.lane = i % ETM_MSL_SIMD_WIDTH;
+        t.simd_index = i / ETM_MSL_SIMD_WIDTH;
+        t.quad_index = i / 4;
+        t.lane_in_quad = i % 4;
+        body(&t);
+      }
+    }
+  }
+}
+}  // namespace etm
+
 // [[buffer(i)]] arguments: a pointer parameter gets the buffer's address, a reference (or a
 // by-value struct) reads the slot the address points at.
 namespace etm {

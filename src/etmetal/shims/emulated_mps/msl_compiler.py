@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from etmetal.common.cache import ContentCache
+from etmetal.shims.emulated_mps.msl_classify import synchronising
 from etmetal.shims.emulated_mps.msl_includes import check_markers, check_source
 from etmetal.shims.emulated_mps.msl_instrument import Site, instrument
 from etmetal.shims.emulated_mps.msl_parse import (
@@ -55,7 +56,8 @@ from etmetal.shims.model_link import (
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SOURCE_NAME = "library.metal"
-_FORMAT = 3  # 2: the index names a verified entry holding kernels.json; 3: + access sites
+_FORMAT = 4  # 2: the index names a verified entry holding kernels.json; 3: + access sites;
+# 4: + whether each kernel synchronises (loop entries)
 KERNELS_FILE = "kernels.json"
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{24}$")  # native_build's keys
 LIB_NAME = "libmsl.so"
@@ -96,11 +98,21 @@ def torch_include_dir() -> str | None:
     return str(inc) if inc.is_dir() else None
 
 
+# The dispatcher is one unit: the fiber executor, then the checker and the pool, which use its
+# worker and threadgroup records.
+DISPATCHER_PARTS = ("msl_dispatch.cpp", "msl_check.cpp", "msl_pool.cpp")
+
+
+def dispatcher_source() -> str:
+    """The dispatcher's translation unit, as it is built (msl_abi.h pasted in)."""
+    src = "".join((HERE / name).read_text() for name in DISPATCHER_PARTS)
+    return src.replace('#include "msl_abi.h"', (HERE / "msl_abi.h").read_text())
+
+
 @lru_cache(maxsize=1)
 def dispatcher_path() -> Path:
     """The dispatcher's shared object (built once per content)."""
-    src = (HERE / "msl_dispatch.cpp").read_text() + (HERE / "msl_check.cpp").read_text()
-    src = src.replace('#include "msl_abi.h"', (HERE / "msl_abi.h").read_text())
+    src = dispatcher_source()
     return build_shared(
         "msl-dispatch",
         "libetmetal_msl_dispatch.so",
@@ -220,7 +232,9 @@ def source_key(source: str, checked: bool = False) -> str:
     # a library links the dispatcher by path: one built against another dispatcher build
     # (another cache format, say) would load a second copy with its own fiber state
     h.update(str(dispatcher_path()).encode())
-    shaping = ("msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py", "msl_instrument.py")
+    shaping = (
+        "msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py", "msl_instrument.py", "msl_classify.py"
+    )  # fmt: skip
     for name in shaping:  # what shapes the build
         h.update((HERE / name).read_bytes())
     h.update(b"\0" + source.encode())
@@ -267,11 +281,15 @@ def build_library(source: str, checked: bool = False) -> tuple[Path, list[Kernel
         text, sites = instrument(text, str(HERE))
     text = in_library_code(rewrite_address_spaces(text), float_literals, str(HERE))
     kernels = find_kernels(text)
+    for k, syncs in zip(
+        kernels, synchronising(text, [(k.start, k.end) for k in kernels], str(HERE))
+    ):
+        k.sync = syncs
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ParseError(sorted(dup)[0], "two kernels share this name")
-    unit = rewrite(text) + entry_source(kernels)
+    unit = rewrite(text) + entry_source(kernels, loops=not checked)
     dispatcher = dispatcher_path()
     # libm: the header's __builtin_expf & co. become calls to expf & co. when not folded
     link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}", "-lm"]

@@ -1,7 +1,10 @@
 // Runs a compiled MSL kernel over a grid with Metal's execution model (see msl_abi.h).
 //
-// Threadgroups run one after another on the calling OS thread. The threads of one threadgroup
-// run as fibers: a fiber runs threads to completion one after another and only switches when a
+// Threadgroups run one after another on the calling OS thread, or spread over a small pool of
+// OS threads (msl_pool.cpp, appended to this file). A kernel that can never synchronise
+// (msl_classify.py) has a loop entry: its threadgroup runs as one plain loop over its threads,
+// with no fiber at all; should such a thread reach a barrier anyway, the dispatch stops with
+// an error. The threads of any other kernel's threadgroup run as fibers: a fiber runs threads to completion one after another and only switches when a
 // thread blocks at a threadgroup_barrier or a SIMD-group operation, so a kernel that never
 // synchronises costs one call per thread. Blocking rules:
 //   - a barrier releases when every thread of the threadgroup has reached it (a thread that
@@ -21,12 +24,14 @@
 // Each SIMD group exchanges values through two slot buffers used alternately: a lane writes
 // the next operation's value while its siblings may still be reading the previous result.
 #include <errno.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#include <memory>
 #include <vector>
 
 #include "msl_abi.h"
@@ -73,6 +78,9 @@ etm_msl_switch:
 
 struct Fiber {
   unsigned char* stack = nullptr;
+  // Where its stack starts below the top. Stacks are 1 MiB apart, so unstaggered the live
+  // frames of every fiber would share the same cache sets and evict each other at each switch.
+  uint32_t colour = 0;
 #if defined(__x86_64__)
   void* sp = nullptr;
 #else
@@ -121,6 +129,8 @@ void check_barrier(Checker* c);
 
 struct Worker {
   Checker* checker = nullptr;
+  bool looping = false;  // running a loop entry: no fiber to block
+  jmp_buf escape;        // where a loop-run thread that synchronises is stopped
   std::vector<Fiber*> fibers;  // all fibers this OS thread owns
   std::vector<Fiber*> free_fibers;
   Group* group = nullptr;
@@ -140,7 +150,23 @@ struct Worker {
   }
 };
 
-thread_local Worker tls_worker;
+// A thread's Worker is reached through one pointer of static TLS (initial-exec: a plain
+// thread-pointer-relative load, where a thread_local object of a dlopen'ed library costs a
+// __tls_get_addr call on every access, several per kernel thread); it is made on the
+// thread's first dispatch and its owner frees it when the thread exits.
+__attribute__((tls_model("initial-exec"))) thread_local Worker* tls_worker_ptr = nullptr;
+thread_local std::unique_ptr<Worker> tls_worker_owner;
+
+__attribute__((noinline)) Worker* make_worker() {
+  tls_worker_owner.reset(new Worker);
+  tls_worker_ptr = tls_worker_owner.get();
+  return tls_worker_ptr;
+}
+
+inline Worker& worker() {
+  Worker* w = tls_worker_ptr;
+  return __builtin_expect(w != nullptr, 1) ? *w : *make_worker();
+}
 
 
 
@@ -176,7 +202,7 @@ void finish_thread(Group* g, int32_t t);
 // A fiber's life: run not-yet-started threads one after another until none is left, then go
 // back to the scheduler for good (it is re-initialised when reused).
 void fiber_main() {
-  Worker& w = tls_worker;
+  Worker& w = worker();
   Group* g = w.group;
   Fiber* self = w.current_fiber;
   while (!g->failed && g->started < g->n) {
@@ -209,12 +235,13 @@ Fiber* new_fiber(Worker& w) {
     mprotect(mem, 4096, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
     f = new Fiber;
     f->stack = static_cast<unsigned char*>(mem);
+    f->colour = uint32_t((w.fibers.size() * 11) % 64) * 64;  // 64 cache lines, spread
     w.fibers.push_back(f);
   }
 #if defined(__x86_64__)
   // A fresh stack as etm_msl_switch leaves one: six saved registers, then the return address
   // (the fiber entry); entry sees a 16-byte aligned stack minus the return address slot.
-  uintptr_t top = (uintptr_t(f->stack) + kStackBytes) & ~uintptr_t(15);
+  uintptr_t top = (uintptr_t(f->stack) + kStackBytes - f->colour) & ~uintptr_t(15);
   void** sp = reinterpret_cast<void**>(top - 64);
   for (int i = 0; i < 6; i++) sp[i] = nullptr;
   sp[6] = reinterpret_cast<void*>(&etm_msl_fiber_start);
@@ -223,7 +250,7 @@ Fiber* new_fiber(Worker& w) {
 #else
   getcontext(&f->ctx);
   f->ctx.uc_stack.ss_sp = f->stack;
-  f->ctx.uc_stack.ss_size = kStackBytes;
+  f->ctx.uc_stack.ss_size = kStackBytes - f->colour;
   f->ctx.uc_link = nullptr;
   makecontext(&f->ctx, fiber_main, 0);
 #endif
@@ -290,8 +317,34 @@ bool resolve_stall(Group* g) {
   return false;
 }
 
+// The calling thread waits: control passes straight to the next thread that can run (a
+// released one, else a fresh fiber for a thread not started yet), without a round trip
+// through the scheduler; only when none can run does the scheduler take over (a stall, a
+// failure). Whoever resumes this fiber sets w.current_fiber and w.current.
 void block(Worker& w) {
-  switch_to_scheduler(w);
+  Group* g = w.group;
+  Fiber* self = w.current_fiber;
+  Fiber* next = nullptr;
+  if (!g->failed) {
+    if (!g->runnable.empty()) {
+      int32_t t = g->runnable.back();
+      g->runnable.pop_back();
+      w.current = t;
+      next = g->threads[t].fiber;
+    } else if (g->started < g->n) {
+      next = new_fiber(w);  // on failure the scheduler reports it
+    }
+  }
+  if (next == nullptr) {
+    switch_to_scheduler(w);
+    return;
+  }
+  w.current_fiber = next;
+#if defined(__x86_64__)
+  etm_msl_switch(&self->sp, next->sp);
+#else
+  swapcontext(&self->ctx, &next->ctx);
+#endif
 }
 
 // ---- the grid ------------------------------------------------------------------------------
@@ -323,14 +376,125 @@ int run_group(Worker& w, Group* g) {
   return g->failed ? 1 : 0;
 }
 
+// One dispatch: what every threadgroup of it shares.
+struct Launch {
+  etm_msl_entry entry;
+  etm_msl_loop loop;  // null: fibers
+  void* const* args;
+  uint64_t threads[3], group[3];
+  uint32_t groups[3];
+  uint64_t count;  // threadgroups
+  uint32_t per_group;
+};
+
+// Runs threadgroup `index` (x fastest) of `L` on this OS thread. Returns 0, or 1 with the
+// message in err.
+int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint64_t err_len) {
+  const uint32_t gid[3] = {uint32_t(index % L.groups[0]),
+                           uint32_t((index / L.groups[0]) % L.groups[1]),
+                           uint32_t(index / (uint64_t(L.groups[0]) * L.groups[1]))};
+  uint32_t size[3];
+  for (int d = 0; d < 3; d++) {
+    uint64_t start = uint64_t(gid[d]) * L.group[d];
+    size[d] = uint32_t(L.threads[d] - start < L.group[d] ? L.threads[d] - start : L.group[d]);
+  }
+  const uint32_t n = size[0] * size[1] * size[2];
+  const uint32_t nsimd = (n + kWidth - 1) / kWidth;
+  etm_msl_thread base;
+  for (int d = 0; d < 3; d++) {
+    base.tg_id[d] = gid[d];
+    base.tg_size[d] = size[d];
+    base.dispatch_tg_size[d] = uint32_t(L.group[d]);
+    base.grid_size[d] = uint32_t(L.threads[d]);
+    base.tgs_per_grid[d] = L.groups[d];
+  }
+  base.simds_per_tg = nsimd;
+  base.simd_size = kWidth;
+  base.dispatch_simds_per_tg = (L.per_group + kWidth - 1) / kWidth;
+  base.quads_per_tg = (n + 3) / 4;
+  if (L.loop) {
+    w.looping = true;
+    if (setjmp(w.escape) == 0) {
+      L.loop(L.args, &base);
+      w.looping = false;
+      return 0;
+    }
+    w.looping = false;
+    snprintf(err, err_len, "threadgroup (%u, %u, %u): a thread reached a threadgroup barrier "
+             "or SIMD-group operation in a kernel classified as never synchronising (an "
+             "etmetal bug: msl_classify.py)", gid[0], gid[1], gid[2]);
+    return 1;
+  }
+  // The group's bookkeeping is kept per OS thread and only grows: a dispatch allocates nothing.
+  Group& g = w.scratch;
+  g.entry = L.entry;
+  g.args = L.args;
+  if (g.threads.size() < L.per_group) g.threads.resize(L.per_group);
+  if (g.simds.size() < (L.per_group + kWidth - 1) / kWidth)
+    g.simds.resize((L.per_group + kWidth - 1) / kWidth);
+  g.runnable.reserve(L.per_group);
+  g.n = n;
+  g.nsimd = nsimd;
+  g.started = 0;
+  g.live = n;
+  g.at_barrier = 0;
+  g.failed = false;
+  g.runnable.clear();
+  for (uint32_t s = 0; s < nsimd; s++) {
+    SimdGroup& sg = g.simds[s];
+    sg.live = (s + 1) * kWidth <= n ? kWidth : n - s * kWidth;
+    sg.waiting = 0;
+    sg.wait_mask = 0;
+    sg.key = 0;
+    sg.mismatch = false;
+    sg.phase = 0;
+  }
+  uint32_t p[3] = {0, 0, 0};  // the position in the threadgroup, x fastest
+  for (uint32_t i = 0; i < n; i++) {
+    Thread& th = g.threads[i];
+    etm_msl_thread& t = th.info;
+    t = base;
+    for (int d = 0; d < 3; d++) {
+      t.tg_pos[d] = p[d];
+      t.grid_pos[d] = uint32_t(gid[d] * L.group[d] + p[d]);
+    }
+    if (++p[0] == size[0]) {
+      p[0] = 0;
+      if (++p[1] == size[1]) p[1] = 0, p[2]++;
+    }
+    t.index_in_tg = i;
+    t.lane = i % kWidth;
+    t.simd_index = i / kWidth;
+    t.quad_index = i / 4;
+    t.lane_in_quad = i % 4;
+    th.state = 0;
+    th.fiber = nullptr;
+    th.result_phase = 0;
+    th.result_active = 0;
+  }
+  if (w.checker) check_group_begin(w.checker);
+  if (run_group(w, &g) != 0) {
+    snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2], g.message);
+    return 1;
+  }
+  return 0;
+}
+
+// Runs every threadgroup of `L` (msl_pool.cpp): on this thread, or over up to `workers`.
+int run_grid(Worker& w, const Launch& L, uint32_t workers, char* err, uint64_t err_len);
+
 }  // namespace
 
 extern "C" {
 
 int etm_msl_abi_version(void) { return ETM_MSL_ABI_VERSION; }
 
+// A loop entry's thread reached a synchronising call: the classification missed it.
+[[noreturn]] static void escape_loop(Worker& w) { longjmp(w.escape, 1); }
+
 void etm_msl_threadgroup_barrier(void) {
-  Worker& w = tls_worker;
+  Worker& w = worker();
+  if (w.looping) escape_loop(w);
   Group* g = w.group;
   int32_t self = w.current;
   g->threads[self].state = 2;
@@ -354,7 +518,8 @@ static void park_if_failed(Worker& w) {
 }
 
 etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_t key) {
-  Worker& w = tls_worker;
+  Worker& w = worker();
+  if (w.looping) escape_loop(w);
   Group* g = w.group;
   int32_t self = w.current;
   Thread& th = g->threads[self];
@@ -385,11 +550,21 @@ etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_
 
 int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,
                      const uint64_t* group, char* err, uint64_t err_len) {
-  Worker& w = tls_worker;
-  if (w.group != nullptr) {
+  return etm_msl_launch(entry, nullptr, args, threads, group, 1, err, err_len);
+}
+
+int etm_msl_launch(etm_msl_entry entry, etm_msl_loop loop, void* const* args,
+                   const uint64_t* threads, const uint64_t* group, uint32_t workers, char* err,
+                   uint64_t err_len) {
+  Worker& w = worker();
+  if (w.group != nullptr || w.looping) {
     snprintf(err, err_len, "dispatch from inside a running kernel");
     return 1;
   }
+  Launch L;
+  L.entry = entry;
+  L.loop = w.checker ? nullptr : loop;  // the checker follows threads: fibers only
+  L.args = args;
   uint64_t total = 1, per_group = 1;
   for (int d = 0; d < 3; d++) {
     if (group[d] == 0 || group[d] > kMaxThreadsPerGroup) {
@@ -419,77 +594,15 @@ int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* thr
     }
   }
   if (total == 0) return 0;
-  uint32_t groups[3];
-  for (int d = 0; d < 3; d++) groups[d] = uint32_t((threads[d] + group[d] - 1) / group[d]);
-
-  // The group's bookkeeping is kept per OS thread and only grows: a dispatch allocates nothing.
-  Group& g = w.scratch;
-  g.entry = entry;
-  g.args = args;
-  if (g.threads.size() < per_group) g.threads.resize(per_group);
-  if (g.simds.size() < (per_group + kWidth - 1) / kWidth) g.simds.resize((per_group + kWidth - 1) / kWidth);
-  g.runnable.reserve(per_group);
-  for (uint32_t gz = 0; gz < groups[2]; gz++)
-    for (uint32_t gy = 0; gy < groups[1]; gy++)
-      for (uint32_t gx = 0; gx < groups[0]; gx++) {
-        const uint32_t gid[3] = {gx, gy, gz};
-        uint32_t size[3];
-        for (int d = 0; d < 3; d++) {
-          uint64_t start = uint64_t(gid[d]) * group[d];
-          size[d] = uint32_t(threads[d] - start < group[d] ? threads[d] - start : group[d]);
-        }
-        const uint32_t n = size[0] * size[1] * size[2];
-        const uint32_t nsimd = (n + kWidth - 1) / kWidth;
-        g.n = n;
-        g.nsimd = nsimd;
-        g.started = 0;
-        g.live = n;
-        g.at_barrier = 0;
-        g.failed = false;
-        g.runnable.clear();
-        for (uint32_t s = 0; s < nsimd; s++) {
-          SimdGroup& sg = g.simds[s];
-          sg.live = (s + 1) * kWidth <= n ? kWidth : n - s * kWidth;
-          sg.waiting = 0;
-          sg.wait_mask = 0;
-          sg.key = 0;
-          sg.mismatch = false;
-          sg.phase = 0;
-        }
-        for (uint32_t i = 0; i < n; i++) {
-          Thread& th = g.threads[i];
-          etm_msl_thread& t = th.info;
-          const uint32_t p[3] = {i % size[0], (i / size[0]) % size[1], i / (size[0] * size[1])};
-          for (int d = 0; d < 3; d++) {
-            t.tg_pos[d] = p[d];
-            t.grid_pos[d] = uint32_t(gid[d] * group[d] + p[d]);
-            t.tg_id[d] = gid[d];
-            t.tg_size[d] = size[d];
-            t.dispatch_tg_size[d] = uint32_t(group[d]);
-            t.grid_size[d] = uint32_t(threads[d]);
-            t.tgs_per_grid[d] = groups[d];
-          }
-          t.index_in_tg = i;
-          t.lane = i % kWidth;
-          t.simd_index = i / kWidth;
-          t.simds_per_tg = nsimd;
-          t.simd_size = kWidth;
-          t.dispatch_simds_per_tg = uint32_t((per_group + kWidth - 1) / kWidth);
-          t.quad_index = i / 4;
-          t.lane_in_quad = i % 4;
-          t.quads_per_tg = (n + 3) / 4;
-          th.state = 0;
-          th.fiber = nullptr;
-          th.result_phase = 0;
-          th.result_active = 0;
-        }
-        if (w.checker) check_group_begin(w.checker);
-        if (run_group(w, &g) != 0) {
-          snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gx, gy, gz, g.message);
-          return 1;
-        }
-      }
-  return 0;
+  L.count = 1;
+  for (int d = 0; d < 3; d++) {
+    L.threads[d] = threads[d];
+    L.group[d] = group[d];
+    L.groups[d] = uint32_t((threads[d] + group[d] - 1) / group[d]);
+    L.count *= L.groups[d];
+  }
+  L.per_group = uint32_t(per_group);
+  return run_grid(w, L, w.checker ? 1 : workers, err, err_len);
 }
 
 }  // extern "C"

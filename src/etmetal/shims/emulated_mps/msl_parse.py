@@ -65,6 +65,8 @@ class Kernel:
     start: int = 0  # offsets of the declaration in the preprocessed text
     end: int = 0
     max_threads: int | None = None  # [[max_total_threads_per_threadgroup(N)]]
+    # may reach a barrier or SIMD-group operation (msl_classify); False: a loop entry runs it
+    sync: bool = True
 
     @property
     def buffer_indices(self) -> tuple[int, ...]:
@@ -280,24 +282,24 @@ def rewrite(text: str) -> str:
     return in_library_code(text, one)
 
 
-def entry_source(kernels: list[Kernel]) -> str:
+def entry_source(kernels: list[Kernel], loops: bool = True) -> str:
     """One ``extern "C"`` entry per kernel, one line each (a compiler error in an entry names
-    its kernel by line number)."""
+    its kernel by line number); with ``loops``, a kernel that never synchronises also gets
+    ``etm_msl_loop_i``, which runs every thread of one threadgroup as a plain loop."""
     lines = ['# 1 "<etmetal kernel entries>"']
-    for i, k in enumerate(kernels):
-        args = []
-        for p in k.params:
-            if p.position:
-                fld, width = POSITION_FIELDS[p.position]
-                src = f"t->{fld}" if width == 3 else f"&t->{fld}"
-                args.append(f"etm::position<{p.type}>({src})")
-            else:
-                args.append(f"etm::buffer_arg<{p.type}>(a[{p.buffer}])")
+    calls = [_call(k) for k in kernels]
+    for i, call in enumerate(calls):
         lines.append(
             f'extern "C" __attribute__((visibility("default"))) void etm_msl_entry_{i}'
-            f"(void* const* a, const etm_msl_thread* t) {{ (void)a; (void)t; "
-            f"{k.call}({', '.join(args)}); }}"
+            f"(void* const* a, const etm_msl_thread* t) {{ (void)a; (void)t; {call}; }}"
         )
+    for i, (k, call) in enumerate(zip(kernels, calls)):
+        if loops and not k.sync:
+            lines.append(
+                f'extern "C" __attribute__((visibility("default"))) void etm_msl_loop_{i}'
+                f"(void* const* a, const etm_msl_thread* g) {{ etm::for_each_thread(g, "
+                f"[a](const etm_msl_thread* t) __attribute__((always_inline)) {{ {call}; }}); }}"
+            )
     # after every entry (an error in an entry still names its kernel by line): what each
     # [[buffer]] parameter takes, in buffer_indices order, as the compiler sees its type
     for i, k in enumerate(kernels):
@@ -310,6 +312,19 @@ def entry_source(kernels: list[Kernel]) -> str:
             f"etm_msl_args_{i}[] = {{{', '.join(descs) or '0'}}};"
         )
     return "\n".join(lines) + "\n"
+
+
+def _call(k: Kernel) -> str:
+    """The kernel's call for the thread record ``t``, its arguments read from ``a``."""
+    args = []
+    for p in k.params:
+        if p.position:
+            fld, width = POSITION_FIELDS[p.position]
+            src = f"t->{fld}" if width == 3 else f"&t->{fld}"
+            args.append(f"etm::position<{p.type}>({src})")
+        else:
+            args.append(f"etm::buffer_arg<{p.type}>(a[{p.buffer}])")
+    return f"{k.call}({', '.join(args)})"
 
 
 def _by_buffer(p: Param) -> int:
