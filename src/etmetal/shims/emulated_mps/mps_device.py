@@ -119,6 +119,7 @@ class MpsState:
     check: CheckMode | None = None  # the checker's mode (None: off)
     check_faults: list[MetalFault] = field(default_factory=list)  # kept in `report` mode
     next_id: object = field(default_factory=lambda: itertools.count(1).__next__)
+    native_callbacks: tuple = ()  # the C launch path's callbacks (native_launch), kept alive
 
 
 def mps_state(ctx) -> MpsState:
@@ -162,6 +163,9 @@ def set_metal_check(ctx, checks: str | list[str] | CheckMode | None) -> CheckMod
         raise ShimError(str(exc)) from None
     previous, st.check = st.check, mode
     _poison(ctx, st)
+    from . import native_launch  # it builds on this module: imported when first needed
+
+    native_launch.sync(ctx, st)  # a checked dispatch runs through Python
     return previous
 
 
