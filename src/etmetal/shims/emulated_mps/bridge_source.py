@@ -3,6 +3,7 @@
 ``bridge_source.cpp``: the command-block callback (the C++ ``std::function`` never reaches
 Python). ``mps_encoder.cpp``: the launch path (functions, encoders, arguments, dispatch into
 the MSL executor) served in C for the functions Python registered when they were fetched.
+``mps_buffers.cpp``: ``mps_malloc``/``free`` and the copies between those buffers.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "bridge_source.cpp", HERE / "mps_encoder.cpp")
+SOURCES = (HERE / "bridge_source.cpp", HERE / "mps_encoder.cpp", HERE / "mps_buffers.cpp")
 
-INCLUDES = "#include <cstdarg>\n#include <functional>\n#include <unordered_map>\n"
+INCLUDES = (
+    "#include <cstdarg>\n#include <cstdlib>\n#include <cstring>\n#include <functional>\n"
+    "#include <map>\n#include <unordered_map>\n"
+)
 
 # shims declared in torch's headers that the bridge defines natively, with no Python half
 NATIVE_ONLY = frozenset({"aoti_torch_mps_shared_callback"})
@@ -35,8 +39,18 @@ def _array(shim: str, group: str) -> str:
     return _served(f'etm_mps_dispatch_array(f, "aoti_torch_mps_{shim}", "{shim}", a1, a2, {group})')
 
 
+def _buffers(call: str) -> str:
+    return f"  {{ int32_t rc = 1; if ({call}) {{ ETM_HIT_NATIVE(); return rc; }} }}\n"
+
+
 # forwarded shim -> the C body that runs first (bridge._native_path)
 NATIVE_PATHS = {
+    "aoti_torch_mps_malloc": _buffers("etm_mps_malloc((void**)a0, a1, &rc)"),
+    "aoti_torch_mps_free": _buffers("etm_mps_free(a0, &rc)"),
+    # memcpy(buffer, constant_offset, bytes_read, data_size, constants_start)
+    "aoti_torch_mps_memcpy": _buffers("etm_mps_copy(a0, a1, a4, a2, a3, &rc)"),
+    # copy_buffer(src, dst, data_size, src_offset, dst_offset)
+    "aoti_torch_mps_copy_buffer": _buffers("etm_mps_copy(a1, a4, a0, a3, a2, &rc)"),
     "aoti_torch_mps_start_encoding": _served("etm_mps_start_encoding(f)"),
     "aoti_torch_mps_set_arg_tensor": _served("etm_mps_set_arg_tensor(f, a1, a2)"),
     "aoti_torch_mps_set_arg_int": _served("etm_mps_set_arg_int(f, a1, a2)"),
