@@ -119,6 +119,7 @@ class MpsState:
     check: CheckMode | None = None  # the checker's mode (None: off)
     check_faults: list[MetalFault] = field(default_factory=list)  # kept in `report` mode
     next_id: object = field(default_factory=lambda: itertools.count(1).__next__)
+    native_launch: bool = True  # False: every launch through Python (a bench's per-kernel timing)
     native_callbacks: tuple = ()  # the C launch path's callbacks (native_launch), kept alive
 
 

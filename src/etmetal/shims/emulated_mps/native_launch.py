@@ -71,7 +71,17 @@ def sync(ctx, st: MpsState | None = None) -> None:
     st = st or mps_state(ctx)
     _bind_callbacks(ctx, st, lib)
     ctypes.c_uint64.in_dll(lib, "etm_mps_launch_limit").value = limits.launch_limit
-    ctypes.c_int64.in_dll(lib, "etm_mps_native").value = int(st.check is None)
+    on = st.check is None and st.native_launch
+    ctypes.c_int64.in_dll(lib, "etm_mps_native").value = int(on)
+
+
+def set_native_launch(ctx, on: bool) -> bool:
+    """Serve ``ctx``'s launches in C (the default) or all in Python; returns the previous
+    choice."""
+    st = mps_state(ctx)
+    previous, st.native_launch = st.native_launch, on
+    sync(ctx, st)
+    return previous
 
 
 def register(ctx, fn: Function, limit: int) -> bool:
@@ -108,7 +118,8 @@ def forget(ctx, handle: int) -> None:
         lib.etm_mps_fn_remove(ctypes.c_void_p(handle))
 
 
-def native_dispatches(ctx) -> int:
-    """Dispatches the bridge ran from C for ``ctx`` since it was loaded."""
+def dispatches(ctx) -> int:
+    """Dispatches ``ctx``'s device ran, from Python and from C."""
     lib = _bridge_lib(ctx)
-    return 0 if lib is None else ctypes.c_uint64.in_dll(lib, "etm_mps_dispatches").value
+    native = 0 if lib is None else ctypes.c_uint64.in_dll(lib, "etm_mps_dispatches").value
+    return mps_state(ctx).stats["dispatches"] + native
