@@ -140,3 +140,35 @@ def test_a_hostile_copy_gives_the_same_error_in_c_and_in_python(case):
     native, python = _run_case(case, "native"), _run_case(case, "python")
     assert native["rc"] == python["rc"] == 1, (native, python)
     assert _addresses_out(native["error"]) == _addresses_out(python["error"])
+
+
+def test_the_checker_and_the_python_implementation_launch_through_python():
+    """A checked dispatch needs the checked build (Python's); the python implementation is
+    the reference: neither may be served by the C path."""
+    from etmetal.shims.emulated_mps import native_launch
+    from etmetal.testing import mps_hostile as h
+
+    ctx = default_context()
+    lib = h._lib()
+
+    def launch_counts() -> tuple[int, int]:
+        c = ctx.load_bridge().shim_counts().get("aoti_torch_mps_dispatch_single", (0, 0))
+        fn = h._bound_fill(lib, 0)
+        assert lib.aoti_torch_mps_dispatch_single(fn, 16) == 0, h._error()
+        after = ctx.load_bridge().shim_counts()["aoti_torch_mps_dispatch_single"]
+        return after[0] - c[0], after[1] - c[1]
+
+    before = native_launch.dispatches(ctx)
+    assert launch_counts() == (1, 0)
+    previous = mps_device.set_metal_check(ctx, "memcheck")
+    try:
+        assert launch_counts() == (0, 1)
+    finally:
+        mps_device.set_metal_check(ctx, previous)
+    was = ctx.set_implementation("python")
+    try:
+        assert launch_counts() == (0, 1)
+    finally:
+        ctx.set_implementation(was)
+    assert launch_counts() == (1, 0)
+    assert native_launch.dispatches(ctx) == before + 4
