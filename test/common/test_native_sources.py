@@ -5,8 +5,9 @@ with the language standard its build really uses: a fragment that only compiles 
 something else, or a warning, fails here. Three kinds of file are checked in the one context
 they are built in, and each is named below:
 
-- ``shims/emulated_mps/bridge_source.cpp`` is compiled into the generated shim bridge, after
-  the bridge's globals: it is checked inside that prelude (``etmetal.shims.bridge``);
+- ``shims/emulated_mps/bridge_source.cpp``, ``mps_encoder.cpp`` and ``mps_buffers.cpp`` are
+  compiled into the generated shim bridge, after the bridge's globals, one after the other:
+  they are checked inside that prelude (``etmetal.shims.bridge``);
 - ``msl_dispatch.cpp``, ``msl_check.cpp`` and ``msl_pool.cpp`` are one unit, the dispatcher
   (the checker and the pool use the executor's records): it is checked as it is built;
 - ``msl_types.h``, ``msl_math.h`` and ``msl_sync.h`` are the parts of ``msl_compat.h`` (the
@@ -36,9 +37,11 @@ CXX_HEADERS = {
 HEADER_PARTS = {
     f"{MSL}/{n}": f"{MSL}/msl_compat.h" for n in ("msl_types.h", "msl_math.h", "msl_sync.h")
 }
-FRAGMENTS = {f"{MSL}/bridge_source.cpp"} | {
-    f"{MSL}/{n}" for n in ("msl_dispatch.cpp", "msl_check.cpp", "msl_pool.cpp")
+BRIDGE_FRAGMENTS = {
+    f"{MSL}/{n}" for n in ("bridge_source.cpp", "mps_encoder.cpp", "mps_buffers.cpp")
 }
+DISPATCHER_PARTS = {f"{MSL}/{n}" for n in ("msl_dispatch.cpp", "msl_check.cpp", "msl_pool.cpp")}
+FRAGMENTS = BRIDGE_FRAGMENTS | DISPATCHER_PARTS
 
 
 def _rel(path: Path) -> str:
@@ -105,12 +108,12 @@ def test_the_bridge_fragment_compiles_in_the_bridge_prelude():
     from etmetal.shims import bridge
     from etmetal.shims.emulated_mps import plugin
 
-    fragment = (PACKAGE / f"{MSL}/bridge_source.cpp").read_text()
     # the emulated device's bridge source, as the bridge assembles it (no forwarders)
     source = bridge.generate_source({}, [plugin.DEVICE.bridge_source])
-    assert fragment in source, "bridge_source.cpp is no longer part of the device's bridge source"
+    for rel in sorted(BRIDGE_FRAGMENTS):
+        assert (PACKAGE / rel).read_text() in source, f"{rel} is no longer in the bridge source"
     proc = _compile(source, "c++", "-std=c++17", "-I", str(PACKAGE / "shims"))
-    assert proc.returncode == 0, f"bridge_source.cpp in the bridge prelude:\n{proc.stderr}"
+    assert proc.returncode == 0, f"the device's fragments in the bridge prelude:\n{proc.stderr}"
 
 
 def test_the_dispatcher_compiles_as_one_unit_without_warnings():

@@ -24,7 +24,7 @@ def test_metal_suite_reports_launches_kernels_and_the_emulated_host_ratio():
     assert doc["suite"] == "metal"
     dispatch, kernels, ratio = doc["rows"]
     # the driver's launches reached the shims and computed in + 1 (checked by the suite)
-    assert set(dispatch["median_us"]) == {"shims", "executor"}
+    assert set(dispatch["median_us"]) == {"shims", "executor", "executor_from_python"}
     assert dispatch["extra"]["shim_calls_per_launch"] == metal_bench.SHIM_CALLS_PER_LAUNCH
     # the patch embedding's Metal kernels: at least its layer norm, a threadgroup reduction
     found = kernels["extra"]["kernels"]

@@ -4,8 +4,8 @@
   ``metal_launch_kernel.metal``) launched N times through the shims from native code, as
   Inductor's Metal wrapper launches every kernel (``metal_launch_driver.cpp``: command
   block, encoding, arguments, dispatch), interleaved with the same dispatch made straight
-  on the MSL executor from Python. The difference is what the ``aoti_torch_mps_*`` layer
-  adds per launch.
+  on the MSL executor's entry from native code (and, for reference, through its Python
+  API). The difference is what the ``aoti_torch_mps_*`` layer adds per launch.
 - :func:`bench_kernels`: each Metal kernel of a demo model lowered for ``mps_emulated``,
   timed per dispatch while the model runs (the shim's argument check plus the executor's
   run), with its grid and the kernels' share of the execute.
@@ -41,7 +41,7 @@ SHIM_CALLS_PER_LAUNCH = 6  # command block, start_encoding, 2 tensors, 1 int, di
 # --- the trivial kernel ---------------------------------------------------------------------
 
 
-def _driver():
+def _driver(name: str = "etm_bench_metal_launch"):
     from etmetal.common.native_build import build_sources
     from etmetal.shims import load_bridge
 
@@ -55,22 +55,20 @@ def _driver():
         link=("-Wl,--no-as-needed", str(load_bridge().path)),
     )
     lib = ctypes.PyDLL(str(so), mode=os.RTLD_NOW | os.RTLD_LOCAL)
-    fn = lib.etm_bench_metal_launch
+    fn = getattr(lib, name)
     fn.restype = ctypes.c_double
-    fn.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
+    if name == "etm_bench_metal_launch":
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
+    else:
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    fn.argtypes += [ctypes.c_void_p] if name == "etm_bench_metal_launch" else [ctypes.c_int64] * 2
     return fn
 
 
 def bench_dispatch(launches: int, n: int, repeat: int) -> bm.Comparison:
     from etmetal.shims import default_context
     from etmetal.shims.emulated_mps import compile_library
-    from etmetal.shims.emulated_mps.mps_device import mps_state
+    from etmetal.shims.emulated_mps.native_launch import dispatches
 
     source = KERNEL_SOURCE.read_text()
     launch = _driver()
@@ -89,19 +87,28 @@ def bench_dispatch(launches: int, n: int, repeat: int) -> bm.Comparison:
     if not torch.equal(out, x + 1):
         raise SystemExit("bench metal: the trivial kernel's result on the executor is wrong")
 
-    def executor() -> None:
+    def executor_from_python() -> None:
         for _ in range(launches):
             fn.dispatch(args, (n,), group)
 
-    dispatches = mps_state(default_context()).stats["dispatches"]
+    # the executor's own entry called from native code, as the shims call it: the fair base
+    direct = _driver("etm_bench_metal_executor")
+    slots = (ctypes.c_void_p * 3)(args[0], args[1], args[2])
+    entry, run = fn._entry, ctypes.cast(fn._dispatch, ctypes.c_void_p).value
+    out.fill_(float("nan"))
+    if direct(run, entry, slots, n, group[0], 1) < 0 or not torch.equal(out, x + 1):
+        raise SystemExit("bench metal: the executor called from native code failed")
+
+    before = dispatches(default_context())
     arms = [
         bm.Arm(
             "shims", lambda: launch(source.encode(), b"add_one", n, launches, result.data_ptr())
         ),
-        bm.Arm("executor", executor),
+        bm.Arm("executor", lambda: direct(run, entry, slots, n, group[0], launches)),
+        bm.Arm("executor_from_python", executor_from_python),
     ]
     raw = bm.interleaved(arms, repeat=repeat, warmup=1)
-    if mps_state(default_context()).stats["dispatches"] == dispatches:
+    if dispatches(default_context()) == before:
         raise SystemExit("bench metal: the driver's launches did not reach etmetal's shims")
     # per launch: each sample made `launches` launches
     timings = {
@@ -173,8 +180,12 @@ def _kernel_hint(source: str | None) -> str:
 @contextlib.contextmanager
 def _timed_dispatches(times: dict[int, list[float]], grids: dict[int, tuple]) -> Iterator[dict]:
     """Time every kernel dispatch of the emulated device, keyed by kernel function handle,
-    and remember each library's MSL source (keyed by the compiled library's id)."""
+    and remember each library's MSL source (keyed by the compiled library's id). The
+    launches go through the Python shims meanwhile (the C path has no timing hook), so
+    the execute timed beside them includes the Python launch overhead."""
+    from etmetal.shims import default_context
     from etmetal.shims.emulated_mps import mps_kernels, msl
+    from etmetal.shims.emulated_mps.native_launch import set_native_launch
 
     sources: dict[int, str] = {}
     dispatch, compile_library = mps_kernels._dispatch, msl.compile_library
@@ -191,9 +202,11 @@ def _timed_dispatches(times: dict[int, list[float]], grids: dict[int, tuple]) ->
         grids[fn.handle] = (tuple(threads), tuple(group), fn.library)
 
     mps_kernels._dispatch, msl.compile_library = dispatch_timed, compile_recorded
+    native = set_native_launch(default_context(), False)
     try:
         yield sources
     finally:
+        set_native_launch(default_context(), native)
         mps_kernels._dispatch, msl.compile_library = dispatch, compile_library
 
 
@@ -247,7 +260,7 @@ def bench_kernels(name: str, runs: int, tmp: Path) -> bm.Comparison:
         {"execute": bm.Timing("execute", run_us * 1e-6, min(run_s), runs)},
     )
     row.extra.update(
-        description=f"{name}'s Metal kernels, {runs} executes",
+        description=f"{name}'s Metal kernels, {runs} executes (launches through Python)",
         model=name,
         kernels=rows,
         kernel_us_per_execute=kernel_us,

@@ -128,7 +128,15 @@ def _metal(rows: list[dict], lines: list[str]) -> None:
             f"| through the shims from native code, as the Metal wrapper launches "
             f"({e['shim_calls_per_launch']} shim calls: command block, encoding, 2 tensors, "
             f"1 int, dispatch) | {us['shims']:.1f} |",
-            f"| the same dispatch straight on the MSL executor | {us['executor']:.1f} |",
+            f"| the same dispatch straight on the MSL executor's entry, from native code "
+            f"| {us['executor']:.1f} |",
+            *(
+                [
+                    f"| the same through the executor's Python API | {us['executor_from_python']:.1f} |"
+                ]
+                if "executor_from_python" in us
+                else []
+            ),
             f"| what the `aoti_torch_mps_*` layer adds | {e['shim_layer_us']:.1f} |",
             "",
         ]

@@ -1,4 +1,5 @@
-// The native half of the emulated Metal device's command blocks (shims/emulated_mps/mps_kernels.py).
+// The native half of the emulated Metal device's command blocks (shims/emulated_mps/mps_kernels.py)
+// for a function the native launch path (mps_encoder.cpp) does not know.
 // Compiled as part of the generated bridge source, inside its extern "C" block, after the
 // bridge's globals (etm_calls, etm_last_unbound).
 //
@@ -14,7 +15,6 @@ typedef int32_t (*etm_mps_block_validate)(void*, void*, void*);
 // the trampoline's body for aoti_torch_mps_run_command_block (see bridge_source.NATIVE_PATHS)
 static int32_t etm_mps_run_command_block(void* func, void* callback, void* user_data,
                                          etm_mps_block_validate validate) {
-  __atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);
   if (!validate) {
     etm_last_unbound = "aoti_torch_mps_run_command_block";
     return 1;

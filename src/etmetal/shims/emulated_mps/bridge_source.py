@@ -1,21 +1,73 @@
-"""The native source the bridge compiles in for the emulated Metal device (``bridge_source.cpp``)."""
+"""The native source the bridge compiles in for the emulated Metal device.
+
+``bridge_source.cpp``: the command-block callback (the C++ ``std::function`` never reaches
+Python). ``mps_encoder.cpp``: the launch path (functions, encoders, arguments, dispatch into
+the MSL executor) served in C for the functions Python registered when they were fetched.
+``mps_buffers.cpp``: ``mps_malloc``/``free`` and the copies between those buffers.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-INCLUDES = "#include <functional>\n"
+HERE = Path(__file__).parent
+SOURCES = (HERE / "bridge_source.cpp", HERE / "mps_encoder.cpp", HERE / "mps_buffers.cpp")
+
+INCLUDES = (
+    "#include <cstdarg>\n#include <cstdlib>\n#include <cstring>\n#include <functional>\n"
+    "#include <map>\n#include <unordered_map>\n"
+)
 
 # shims declared in torch's headers that the bridge defines natively, with no Python half
 NATIVE_ONLY = frozenset({"aoti_torch_mps_shared_callback"})
 
-# forwarders whose body is native: Python's shim (the etm_fp_ pointer) validates first
+
+def _served(call: str) -> str:
+    """A body served in C for a function the native table knows; other handles (and every
+    call while the native path is off) go on to Python's shim."""
+    return (
+        "  { etm_mps_fn* f = etm_mps_fn_of(a0);\n"
+        f"    if (f) {{ ETM_HIT_NATIVE(); return {call}; }} }}\n"
+    )
+
+
+def _single(shim: str, group: str) -> str:
+    return _served(f'etm_mps_dispatch_single(f, "aoti_torch_mps_{shim}", "{shim}", a1, {group})')
+
+
+def _array(shim: str, group: str) -> str:
+    return _served(f'etm_mps_dispatch_array(f, "aoti_torch_mps_{shim}", "{shim}", a1, a2, {group})')
+
+
+def _buffers(call: str) -> str:
+    return f"  {{ int32_t rc = 1; if ({call}) {{ ETM_HIT_NATIVE(); return rc; }} }}\n"
+
+
+# forwarded shim -> the C body that runs first (bridge._native_path)
 NATIVE_PATHS = {
-    "aoti_torch_mps_run_command_block": (
-        "  return etm_mps_run_command_block(a0, a1, a2, etm_fp_aoti_torch_mps_run_command_block);\n"
+    "aoti_torch_mps_malloc": _buffers("etm_mps_malloc((void**)a0, a1, &rc)"),
+    "aoti_torch_mps_free": _buffers("etm_mps_free(a0, &rc)"),
+    # memcpy(buffer, constant_offset, bytes_read, data_size, constants_start)
+    "aoti_torch_mps_memcpy": _buffers("etm_mps_copy(a0, a1, a4, a2, a3, &rc)"),
+    # copy_buffer(src, dst, data_size, src_offset, dst_offset)
+    "aoti_torch_mps_copy_buffer": _buffers("etm_mps_copy(a1, a4, a0, a3, a2, &rc)"),
+    "aoti_torch_mps_start_encoding": _served("etm_mps_start_encoding(f)"),
+    "aoti_torch_mps_set_arg_tensor": _served("etm_mps_set_arg_tensor(f, a1, a2)"),
+    "aoti_torch_mps_set_arg_int": _served("etm_mps_set_arg_int(f, a1, a2)"),
+    "aoti_torch_mps_dispatch_single": _single("dispatch_single", "0"),
+    "aoti_torch_mps_dispatch_single_with_group_size": _single(
+        "dispatch_single_with_group_size", "a2"
     ),
+    "aoti_torch_mps_dispatch_array": _array("dispatch_array", "nullptr, 0"),
+    "aoti_torch_mps_dispatch_array_with_group_size": _array(
+        "dispatch_array_with_group_size", "a3, a4"
+    ),
+    # a known function: the callback runs at once; otherwise Python validates the handle
+    "aoti_torch_mps_run_command_block": _served("etm_mps_run_block(f, a0, a1, a2)")
+    + "  ETM_HIT_PYTHON();\n"
+    "  return etm_mps_run_command_block(a0, a1, a2, etm_fp_aoti_torch_mps_run_command_block);\n",
 }
 
 
 def c_source() -> str:
-    return (Path(__file__).parent / "bridge_source.cpp").read_text()
+    return "".join(path.read_text() for path in SOURCES)

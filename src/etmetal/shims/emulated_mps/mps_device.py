@@ -119,6 +119,8 @@ class MpsState:
     check: CheckMode | None = None  # the checker's mode (None: off)
     check_faults: list[MetalFault] = field(default_factory=list)  # kept in `report` mode
     next_id: object = field(default_factory=lambda: itertools.count(1).__next__)
+    native_launch: bool = True  # False: every launch through Python (a bench's per-kernel timing)
+    native_callbacks: tuple = ()  # the C launch path's callbacks (native_launch), kept alive
 
 
 def mps_state(ctx) -> MpsState:
@@ -162,6 +164,9 @@ def set_metal_check(ctx, checks: str | list[str] | CheckMode | None) -> CheckMod
         raise ShimError(str(exc)) from None
     previous, st.check = st.check, mode
     _poison(ctx, st)
+    from . import native_launch  # it builds on this module: imported when first needed
+
+    native_launch.sync(ctx, st)  # a checked dispatch runs through Python
     return previous
 
 
@@ -175,17 +180,37 @@ def check_report(ctx, clear: bool = True) -> list[MetalFault]:
     return faults
 
 
+def _native_buffers(ctx) -> ctypes.CDLL | None:
+    """The bridge whose C table holds the buffers ``mps_buffers.cpp`` malloc'd (or None)."""
+    bridge = getattr(ctx, "bridge", None)
+    return None if bridge is None else bridge.lib
+
+
+def _native_count(ctx, name: str) -> int:
+    lib = _native_buffers(ctx)
+    return 0 if lib is None else ctypes.c_int64.in_dll(lib, name).value
+
+
+def _native_holds(ctx, ptr: int, nbytes: int) -> bool:
+    lib = _native_buffers(ctx)
+    if lib is None:
+        return False
+    return bool(lib.etm_mps_buffer_holds(ctypes.c_uint64(ptr), ctypes.c_uint64(nbytes)))
+
+
 def live_mps_storages(ctx) -> int:
-    """Live ``mps`` memory objects: storages with tensors on them plus ``mps_malloc`` buffers."""
+    """Live ``mps`` memory objects: storages with tensors on them plus ``mps_malloc`` buffers
+    (Python's and the bridge's)."""
     tensors = sum(1 for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS)
-    return tensors + len(mps_state(ctx).buffers)
+    return tensors + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
 
 
 def live_mps_bytes(ctx) -> int:
     owned = sum(
         s.nbytes for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS and s.owned
     )
-    return owned + sum(b.nbytes for b in mps_state(ctx).buffers.values())
+    python = sum(b.nbytes for b in mps_state(ctx).buffers.values())
+    return owned + python + _native_count(ctx, "etm_mps_buffer_bytes")
 
 
 def take_unchecked_error(ctx) -> str:
@@ -195,15 +220,18 @@ def take_unchecked_error(ctx) -> str:
     return message
 
 
-def _buffer_span(ctx, ptr: int, nbytes: int, what: str) -> RawBuffer:
-    """The malloc'd buffer holding ``[ptr, ptr + nbytes)``; an error naming ``what`` if none."""
+def _buffer_span(ctx, ptr: int, nbytes: int, what: str) -> None:
+    """Refuse ``[ptr, ptr + nbytes)`` unless one malloc'd buffer (Python's or the bridge's)
+    holds it; the error names ``what``."""
     st = mps_state(ctx)
     # live buffers never overlap: only the one starting last at or before ptr can hold it
     i = bisect.bisect_right(st.starts, ptr) - 1
     if i >= 0:
         buf = st.buffers[st.starts[i]]
         if ptr + nbytes <= buf.ptr + buf.nbytes:
-            return buf
+            return
+    if _native_holds(ctx, ptr, nbytes):
+        return
     raise ShimError(
         f"{what}: bytes [{ptr:#x}, +{nbytes}) are not inside a buffer from "
         "aoti_torch_mps_malloc (unknown or freed buffer, or the copy overruns it)"
@@ -235,6 +263,8 @@ def _source_span(ctx, ptr: int, nbytes: int, what: str) -> None:
         buf = st.buffers[st.starts[i]]
         if end <= buf.ptr + buf.nbytes:
             return
+    if _native_holds(ctx, ptr, nbytes):
+        return
     for s in ctx.live_storages.values():
         if s.ptr <= ptr and end <= s.ptr + s.nbytes:
             return

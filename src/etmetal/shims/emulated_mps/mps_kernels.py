@@ -26,6 +26,7 @@ import ctypes
 from etmetal.shims.registry import ShimTable, put_ptr
 from etmetal.shims.storage import ShimError, packed_extent
 
+from . import native_launch
 from .limits import check_grid
 from .mps_device import Function, Library, mps_state
 
@@ -124,6 +125,7 @@ def aoti_torch_mps_delete_shader_library(ctx, library_handle):
         raise ShimError(f"library handle {library_handle:#x} is not a live shader library")
     for fn_handle in lib.functions.values():
         st.functions.pop(fn_handle, None)
+        native_launch.forget(ctx, fn_handle)
 
 
 @_reporting
@@ -150,8 +152,10 @@ def aoti_torch_mps_get_kernel_function(ctx, library_handle, kernel_name, functio
         handle = _FN_BASE + (st.next_id() << 4)
         indices = frozenset(getattr(kernel, "buffer_indices", ()))
         kinds = dict(getattr(kernel, "arg_kinds", None) or {})
-        st.functions[handle] = Function(handle, library_handle, name, kernel, indices, kinds=kinds)
+        fn = Function(handle, library_handle, name, kernel, indices, kinds=kinds)
+        st.functions[handle] = fn
         lib.functions[name] = handle
+        native_launch.register(ctx, fn, _limit(fn))  # its launches are C's from now on
     put_ptr(function_handle, handle, "function_handle")
 
 
