@@ -1,5 +1,5 @@
 // The emulated Metal device's launch path served in C: kernel functions, encoders, argument
-// binding and dispatch straight into the MSL executor (etm_msl_dispatch). Compiled as part
+// binding and dispatch straight into the MSL executor (etm_msl_launch). Compiled as part
 // of the generated bridge source, inside its extern "C" block (after bridge_source.cpp).
 //
 // Python (mps_kernels.py) stays the reference and does the load-time work: it compiles the
@@ -10,8 +10,9 @@
 // own, word for word, and go to Python's error record through etm_mps_fail (an error is
 // not the steady state).
 
-typedef int (*etm_msl_dispatch_fn)(void*, void* const*, const uint64_t*, const uint64_t*,
-                                   char*, uint64_t);
+// etm_msl_launch (msl_abi.h): entry, loop entry (NULL: fibers), args, grid, group, workers
+typedef int (*etm_msl_launch_fn)(void*, void*, void* const*, const uint64_t*, const uint64_t*,
+                                 uint32_t, char*, uint64_t);
 typedef void (*etm_mps_fail_fn)(const char*, const char*);
 typedef int64_t (*etm_mps_room_fn)(void*);
 
@@ -20,6 +21,8 @@ ETM_EXPORT etm_mps_fail_fn etm_mps_fail = nullptr;  // Python: record the error,
 ETM_EXPORT etm_mps_room_fn etm_mps_room = nullptr;  // Python: bytes from a tensor's data on
 ETM_EXPORT uint64_t etm_mps_launch_limit = 1ULL << 28;  // limits.launch_limit
 ETM_EXPORT uint64_t etm_mps_dispatches = 0;             // dispatches run from C
+// threadgroups spread over this many OS threads (Python's sync: torch.get_num_threads())
+ETM_EXPORT uint32_t etm_mps_workers = 1;
 
 enum { ETM_ARG_UNKNOWN = 0, ETM_ARG_BUFFER, ETM_ARG_INT, ETM_ARG_FLOAT, ETM_ARG_BYTES,
        ETM_ARG_THREADGROUP };
@@ -27,7 +30,8 @@ enum { ETM_ARG_UNKNOWN = 0, ETM_ARG_BUFFER, ETM_ARG_INT, ETM_ARG_FLOAT, ETM_ARG_
 
 struct etm_mps_fn {
   void* entry;
-  etm_msl_dispatch_fn run;
+  void* loop;  // the kernel's loop entry (it never synchronises), or NULL
+  etm_msl_launch_fn run;
   char name[260];
   uint32_t expected;  // the buffer indices the kernel takes
   uint32_t bound;     // the indices this encoder has set
@@ -49,13 +53,14 @@ static std::unordered_map<uintptr_t, etm_mps_fn*>& etm_mps_fns() {
 
 // register function `handle` (Python, at get_kernel_function); kinds[i] | bytes[i] per
 // index of `indices`. 0 on success.
-ETM_EXPORT int32_t etm_mps_fn_add(void* handle, void* entry, void* run, const char* name,
-                                  int32_t n, const int32_t* indices, const int32_t* kinds,
-                                  const int32_t* bytes, uint64_t limit) {
+ETM_EXPORT int32_t etm_mps_fn_add(void* handle, void* entry, void* loop, void* run,
+                                  const char* name, int32_t n, const int32_t* indices,
+                                  const int32_t* kinds, const int32_t* bytes, uint64_t limit) {
   if (!handle || !entry || !run || !name || n < 0 || n > ETM_MPS_SLOTS) return 1;
   auto* f = new etm_mps_fn();
   f->entry = entry;
-  f->run = (etm_msl_dispatch_fn)run;
+  f->loop = loop;
+  f->run = (etm_msl_launch_fn)run;
   std::snprintf(f->name, sizeof(f->name), "%s", name);
   f->limit = limit;
   for (int32_t i = 0; i < n; ++i) {
@@ -284,7 +289,7 @@ static int32_t etm_mps_launch(etm_mps_fn* f, const char* shim, int n, const uint
                            f->name, f->name, i);
   }
   char err[600] = {0};
-  if (f->run(f->entry, f->args, t, g, err, sizeof(err)) != 0)
+  if (f->run(f->entry, f->loop, f->args, t, g, etm_mps_workers, err, sizeof(err)) != 0)
     return etm_mps_error(shim, "kernel '%s': kernel '%s': %s", f->name, f->name, err);
   __atomic_fetch_add(&etm_mps_dispatches, 1, __ATOMIC_RELAXED);
   return 0;

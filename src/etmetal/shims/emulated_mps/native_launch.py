@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import ctypes
 
+import torch
+
 from etmetal.shims.storage import ShimError
 
 from . import limits
@@ -71,6 +73,8 @@ def sync(ctx, st: MpsState | None = None) -> None:
     st = st or mps_state(ctx)
     _bind_callbacks(ctx, st, lib)
     ctypes.c_uint64.in_dll(lib, "etm_mps_launch_limit").value = limits.launch_limit
+    # as msl.py's own dispatch does per call; read here, at every function fetch
+    ctypes.c_uint32.in_dll(lib, "etm_mps_workers").value = max(1, torch.get_num_threads())
     on = st.check is None and st.native_launch
     ctypes.c_int64.in_dll(lib, "etm_mps_native").value = int(on)
 
@@ -100,6 +104,7 @@ def register(ctx, fn: Function, limit: int) -> bool:
     rc = lib.etm_mps_fn_add(
         ctypes.c_void_p(fn.handle),
         ctypes.c_void_p(entry),
+        ctypes.c_void_p(getattr(fn.kernel, "_loop", None)),
         ctypes.cast(run, ctypes.c_void_p),
         fn.name.encode(),
         ctypes.c_int32(n),
