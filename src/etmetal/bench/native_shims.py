@@ -68,15 +68,14 @@ def counts_per_run(ctx, fn: Callable[[], Any], runs: int = 5) -> tuple[float, fl
 
 def stock_counts_per_run(fn: Callable[[], Any], runs: int = 5) -> tuple[float, float]:
     """(native, Python) shim calls per call of ``fn`` in the stock runtime's backend."""
-    from etmetal.stock_runtime import native_counts
+    from etmetal.stock_runtime import native_counts, shim_calls
 
     fn()
-    before = native_counts()
+    before, calls = native_counts()["python_calls"], shim_calls()
     for _ in range(runs):
         fn()
-    after = native_counts()
-    python = after["python_calls"] - before["python_calls"]
-    return (after["shim_calls"] - before["shim_calls"] - python) / runs, python / runs
+    python = native_counts()["python_calls"] - before
+    return (shim_calls() - calls - python) / runs, python / runs
 
 
 def _report(case: str, timings: dict[str, tuple[float, float]], counts: dict) -> dict:

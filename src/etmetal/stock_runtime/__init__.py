@@ -30,6 +30,7 @@ from .register import (
     library_path,
     native_counts,
     register,
+    shim_calls,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "library_path",
     "native_counts",
     "register",
+    "shim_calls",
 ]

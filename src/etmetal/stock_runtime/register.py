@@ -138,16 +138,21 @@ def lent_constants() -> list[LentConstant]:
 
 def native_counts() -> dict[str, int]:
     """The native layer's counters: live records, live owned storages, their bytes,
-    borrowed records, shim calls (all, and those that went to the unbound Python half),
-    live delegates, entries of the shared constant cache."""
+    borrowed records, shim calls that went to the (unbound) Python half, live delegates,
+    entries of the shared constant cache."""
     lib = _library()
     counts = {
         name: ctypes.c_int64.in_dll(lib, f"etm_native_{name}").value
         for name in ("live", "stores", "bytes", "borrowed")
     }
     rows = ctypes.c_int64.in_dll(lib, "etm_shim_rows").value
-    counts["shim_calls"] = ctypes.c_uint64.in_dll(lib, "etm_calls").value
     counts["python_calls"] = sum((ctypes.c_uint64 * max(rows, 1)).in_dll(lib, "etm_shim_python"))
     counts["delegates"] = lib.etm_stock_live_delegates()
     counts["shared_entries"] = lib.etm_stock_shared_entries()
     return counts
+
+
+def shim_calls() -> int:
+    """Shim calls the backend's native layer has answered since it was loaded (a running
+    total, unlike :func:`native_counts`, which holds at its steady value)."""
+    return ctypes.c_uint64.in_dll(_library(), "etm_calls").value
