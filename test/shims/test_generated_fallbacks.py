@@ -63,7 +63,7 @@ class _Fn(nn.Module):
 
 
 def _pool_and_indices(x):
-    out, idx = torch.nn.functional.max_pool2d(x, 5, 1, 2, return_indices=True)
+    out, idx = torch.nn.functional.max_pool2d(x, 3, 1, 1, dilation=2, return_indices=True)
     return out, idx
 
 
@@ -93,8 +93,18 @@ CASES = [
         (torch.randint(0, 9, (3, 70)),),
         {"aoti_torch_cpu_cumsum"},
     ),
-    ("lstm", nn.LSTM(8, 16, batch_first=True).eval(), (torch.randn(2, 5, 8),), set()),
-    ("max_pool_indices", _Fn(_pool_and_indices), (torch.randn(1, 3, 9, 9),), set()),
+    (
+        "lstm",
+        nn.LSTM(8, 16, batch_first=True).eval(),
+        (torch.randn(2, 5, 8),),
+        {"aoti_torch_cpu_mkldnn_rnn_layer"},
+    ),
+    (
+        "max_pool_indices",
+        _Fn(_pool_and_indices),
+        (torch.randn(1, 3, 24, 24),),
+        {"aoti_torch_cpu_max_pool2d_with_indices"},
+    ),
 ]
 
 
@@ -134,7 +144,12 @@ def test_generated_paths_are_bit_identical_to_python_and_stay_in_c(case, no_leak
     for name in served | generated:
         assert native[name][0] > 0 and native[name][1] == 0, (name, native)
         assert python[name][0] == 0, (name, python)
-    assert sum(p for _, p in native.values()) == 0, native
+    # new_tensor_handle outside a load (and the delete of its alias) stays Python's
+    # (native_tensors: etm_native_alias serves only while constants load)
+    alias = {"aoti_torch_new_tensor_handle", "aoti_torch_delete_tensor_object"}
+    python_side = {n: p for n, (_, p) in native.items() if p}
+    assert not python_side or "aoti_torch_new_tensor_handle" in python_side, python_side
+    assert set(python_side) <= alias, python_side
 
 
 def _handle(ctx, t):
