@@ -62,11 +62,6 @@ class _Fn(nn.Module):
         return self.fn(*xs)
 
 
-def _pool_and_indices(x):
-    out, idx = torch.nn.functional.max_pool2d(x, 3, 1, 1, dilation=2, return_indices=True)
-    return out, idx
-
-
 # (id, module, inputs, shims the native path must serve)
 CASES = [
     (
@@ -98,12 +93,6 @@ CASES = [
         nn.LSTM(8, 16, batch_first=True).eval(),
         (torch.randn(2, 5, 8),),
         {"aoti_torch_cpu_mkldnn_rnn_layer"},
-    ),
-    (
-        "max_pool_indices",
-        _Fn(_pool_and_indices),
-        (torch.randn(1, 3, 24, 24),),
-        {"aoti_torch_cpu_max_pool2d_with_indices"},
     ),
 ]
 
@@ -157,3 +146,52 @@ def _handle(ctx, t):
 
     u = t.untyped_storage()
     return ctx.register(tensor_from_torch(t, Storage(u.data_ptr(), u.nbytes(), owned=False)))
+
+
+def _served_once(bridge, name: str, call) -> tuple[int, tuple[int, int]]:
+    before = bridge.shim_counts().get(name, (0, 0))
+    rc = call()
+    after = bridge.shim_counts()[name]
+    return rc, (after[0] - before[0], after[1] - before[1])
+
+
+def test_utilities_write_in_place_in_c_and_refuse_what_python_must_name(no_leaks):
+    """copy_, zero_ and item_* as a .so calls them: served in C where libtorch's answer is
+    the Python shim's, else the Python shim serves or names the error."""
+    import ctypes
+
+    ctx = default_context()
+    bridge = ctx.load_bridge()
+    src = torch.randn(3, 5)
+    dst = torch.zeros(5, 3).t()  # strided destination
+    ints = torch.zeros(3, 5, dtype=torch.int32)
+    one = torch.tensor([2.5])
+    one_int = torch.tensor([7], dtype=torch.int32)
+    hs = [_handle(ctx, t) for t in (src, dst, ints, one, one_int)]
+    h_src, h_dst, h_ints, h_one, h_one_int = hs
+    try:
+        copy_ = bridge.c_function("aoti_torch_copy_")
+        rc, d = _served_once(bridge, "aoti_torch_copy_", lambda: copy_(h_dst, h_src, 0))
+        assert (rc, d) == (0, (1, 0)) and torch.equal(dst, src)
+        # another dtype: Python's shim refuses it by name (libtorch would convert)
+        rc, d = _served_once(bridge, "aoti_torch_copy_", lambda: copy_(h_ints, h_src, 0))
+        assert (rc, d) == (1, (0, 1)) and "dtype mismatch" in ctx.last_error()
+        assert torch.equal(ints, torch.zeros(3, 5, dtype=torch.int32))
+
+        zero_ = bridge.c_function("aoti_torch_zero_")
+        rc, d = _served_once(bridge, "aoti_torch_zero_", lambda: zero_(h_dst))
+        assert (rc, d) == (0, (1, 0)) and torch.equal(dst, torch.zeros(3, 5))
+
+        item = bridge.c_function("aoti_torch_item_float32")
+        value = ctypes.c_float()
+        rc, d = _served_once(
+            bridge, "aoti_torch_item_float32", lambda: item(h_one, ctypes.byref(value))
+        )
+        assert (rc, d) == (0, (1, 0)) and value.value == 2.5
+        rc, d = _served_once(
+            bridge, "aoti_torch_item_float32", lambda: item(h_one_int, ctypes.byref(value))
+        )
+        assert (rc, d) == (1, (0, 1)) and "is not float32" in ctx.last_error()
+    finally:
+        for h in hs:
+            ctx.unregister(h)
