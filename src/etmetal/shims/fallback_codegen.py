@@ -197,6 +197,13 @@ def _function(e: Entry, index: int) -> str:
             args.append(f"&o{i}")
             outs.append(f"o{i}")
         else:
+            if role == LENGTH and e.roles[i - 1] == PASS:  # an array: libtorch reads a_len items
+                steps.append(f"  ok = ok && {a} >= 0 && ({a} == 0 || a{i - 1});\n")
+            if e.names[i] == "dtype":  # a code libtorch would not refuse but crash on
+                spelled = abi.parameters()[e.decl.name][i][0]
+                code = f"*(const int32_t*){a}" if spelled.endswith("*") else a
+                null_ok = f"!{a} || " if spelled.endswith("*") else ""
+                steps.append(f"  ok = ok && ({null_ok}etm_dtype_known({code}));\n")
             args.append(a)
     head = f"int {e.function}({_params(e.decl)}) {{\n"
     ready = f"etm_native_fallbacks && {slot}" + (" && etm_can_adopt()" if outs else "")

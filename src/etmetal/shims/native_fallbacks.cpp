@@ -367,6 +367,9 @@ static bool etm_rec_dense(void* h) {
   const etm_rec* r = etm_host_rec(h);
   return r && etm_packed(r);
 }
+[[maybe_unused]] static bool etm_dtype_known(int32_t code) {
+  return code >= 0 && code < ETM_NDTYPES && etm_itemsize[code];
+}
 static int32_t etm_rec_dtype(void* h) {
   const etm_rec* r = etm_host_rec(h);
   return r ? r->dtype : -1;
