@@ -60,15 +60,13 @@ class CumulativeSum(torch.nn.Module):
         return torch.cumsum(x, dim=1) * 2
 
 
-def test_a_shim_not_served_natively_fails_naming_it(stock_lowered, trusted):
-    # aoti_torch_cpu_cumsum is served by etmetal's Python shims only: here the forwarder is
-    # unbound, so the run fails (no Python call, no crash) and the message names the shim
-    low = stock_lowered("unserved:cumsum", lambda: (CumulativeSum(), (torch.randn(4, 64),)))
-    with pytest.raises(RuntimeError):
-        low.execute(low.inputs)
-    message = stock.last_error()
-    assert "method 'forward'" in message
-    assert "shim aoti_torch_cpu_cumsum is not served natively" in message
+def test_a_scan_fallback_is_served_natively_and_matches_eager(stock_lowered, trusted):
+    # aoti_torch_cpu_cumsum was Python's only; its generated native path
+    # (shims.fallback_codegen) now serves it here, with no Python to fall back on
+    low = stock_lowered("native:cumsum", lambda: (CumulativeSum(), (torch.randn(4, 64),)))
+    with torch.no_grad():
+        expected = low.module(*low.inputs)
+    assert_matches(low.execute(low.inputs), expected, 1e-5, 1e-5)
     assert stock.native_counts()["delegates"] == 0
 
 

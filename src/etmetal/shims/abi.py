@@ -111,6 +111,36 @@ def _param_type(param: str) -> str | None:
     return _c_type(spelled)
 
 
+def _param_name(param: str) -> tuple[str, str]:
+    """(type as spelled, name) of one parameter; name "" when the header gives none."""
+    param = " ".join(param.split())
+    m = re.match(r"^(.*?[\w\*>&])\s*\b([A-Za-z_]\w*)$", param)
+    if m and m.group(1).strip() not in ("", "const") and _c_type(m.group(1)) is not None:
+        return m.group(1).strip(), m.group(2)
+    return param, ""
+
+
+@functools.lru_cache(maxsize=1)
+def parameters() -> dict[str, tuple[tuple[str, str], ...]]:
+    """name -> each parameter's (type as spelled, name), for every function of
+    :func:`declarations` torch's headers declare: the roles the generated fallbacks give
+    arguments (tensor, optional, list, output) come from these spellings and names."""
+    found: dict[str, tuple[tuple[str, str], ...]] = {}
+    root = include_dir()
+    for rel in HEADERS:
+        path = os.path.join(root, rel)
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = _strip(f.read())
+        for m in _DECL.finditer(text):
+            _, name, params = m.groups()
+            params = params.strip()
+            plist = [] if params in ("", "void") else params.split(",")
+            found.setdefault(name, tuple(_param_name(p) for p in plist))
+    return {name: found[name] for name in declarations() if name in found}
+
+
 @functools.lru_cache(maxsize=1)  # torch's headers are fixed for the process: one parse
 def declarations() -> dict[str, Decl]:
     """Every function in torch's AOTI shim headers that a trampoline can forward."""

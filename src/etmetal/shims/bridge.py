@@ -34,7 +34,7 @@ from etmetal.shims.abi_codes import constant_shims
 from etmetal.shims.model_link import WARNINGS, NativeBuildError, build_files, cache_root
 from etmetal.shims.record_table import Records
 
-from . import abi, native_fallbacks, native_tensors
+from . import abi, fallback_codegen, native_fallbacks, native_tensors
 from .device import BridgeSource
 
 
@@ -254,6 +254,7 @@ def build(source: str) -> Path:
             native_tensors.HEADER.name: native_tensors.HEADER.read_bytes(),
             native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
             native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
+            **fallback_codegen.files(),
         }
         compiled = [
             "libetmetal_bridge.cpp",

@@ -40,8 +40,14 @@ int etm_fb_convolution(void* input, void* weight, void* bias, const int64_t* str
 int etm_fb_topk(void* self, int64_t k, int64_t dim, int32_t largest, int32_t sorted, void* ret0,
                 void* ret1);
 
+ETM_EXPORT extern const etm_lt_entry etm_lt_gen_table[];
+ETM_EXPORT extern const int64_t etm_lt_gen_count;
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif
+
+// etm_gen_<shim>: the fallbacks and utilities generated from torch's headers
+#include "native_generated.h"
 
 #endif  // ETMETAL_NATIVE_FALLBACKS_H

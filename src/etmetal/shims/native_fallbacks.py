@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from . import abi
+from . import abi, fallback_codegen
 
 NATIVE_DIR = Path(__file__).parent
 SOURCE = NATIVE_DIR / "native_fallbacks.cpp"
@@ -88,7 +88,11 @@ NATIVE_PATHS = {
         "(const int64_t*)a3, a4, a5, a6, a7, (void**)a8)"
     ),
     "aoti_torch_new_tensor_handle": _served("etm_native_alias(a0, (void**)a1)"),
+    # every other host fallback and the tensor utilities: generated from torch's headers
+    **fallback_codegen.native_paths(),
 }
+# the libtorch tables of the bridge: the hand-written one and the generated one
+_TABLES = (("etm_lt_table", "etm_lt_count"), ("etm_lt_gen_table", "etm_lt_gen_count"))
 
 
 class _Entry(ctypes.Structure):
@@ -116,14 +120,21 @@ def signature(decl: abi.Decl) -> str:
     return f"{decl.restype}({', '.join(decl.argtypes)})"
 
 
+def _entries(lib: ctypes.CDLL) -> list[_Entry]:
+    rows: list[_Entry] = []
+    for table, count in _TABLES:
+        n = ctypes.c_int64.in_dll(lib, count).value
+        rows.extend((_Entry * n).in_dll(lib, table))
+    return rows
+
+
 def check_signatures(lib: ctypes.CDLL) -> list[tuple[str, int]]:
     """(name, slot address) of each libtorch function ``lib``'s fallbacks call, after
     checking the signature it calls it with against torch's installed headers (an error
     naming the first that disagrees)."""
-    count = ctypes.c_int64.in_dll(lib, "etm_lt_count").value
     decls = abi.declarations()
     rows = []
-    for entry in (_Entry * count).in_dll(lib, "etm_lt_table"):
+    for entry in _entries(lib):
         name, sig = entry.name.decode(), entry.signature.decode()
         decl = decls.get(name)
         if decl is None or signature(decl) != sig:
@@ -154,6 +165,5 @@ def bind(lib: ctypes.CDLL) -> dict[str, str]:
 
 def unbind(lib: ctypes.CDLL) -> None:
     """Empty every slot: the fallbacks go to Python from now on."""
-    count = ctypes.c_int64.in_dll(lib, "etm_lt_count").value
-    for entry in (_Entry * count).in_dll(lib, "etm_lt_table"):
+    for entry in _entries(lib):
         ctypes.c_void_p.from_address(entry.slot).value = None

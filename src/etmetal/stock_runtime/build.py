@@ -22,7 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from etmetal.common.native_build import WARNINGS, NativeBuildError, build_files, build_shared
-from etmetal.shims import abi_codes, bridge, int4_kernel, native_fallbacks, native_tensors
+from etmetal.shims import (
+    abi_codes,
+    bridge,
+    fallback_codegen,
+    int4_kernel,
+    native_fallbacks,
+    native_tensors,
+)
 from etmetal.shims.device import BridgeSource
 from etmetal.shims.standard_context import standard_shims
 
@@ -87,7 +94,7 @@ def _with_event(name: str, path: str) -> str:
 FALLBACK_PATHS = {
     name: _with_event(name, path)
     for name, path in {**native_fallbacks.NATIVE_PATHS, **_CUSTOM_OP_PATHS}.items()
-    if not any(word in name for word in _NOT_OPERATORS)
+    if not any(word in name for word in _NOT_OPERATORS) and name not in fallback_codegen.UTILITIES
 }
 CUSTOM_OPS = BridgeSource(
     includes='#include "stock_custom_ops.h"\n#include "stock_events.h"\n',
@@ -166,6 +173,7 @@ def build_library() -> Path:
         native_tensors.HEADER.name: native_tensors.HEADER.read_bytes(),
         native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
         native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
+        **fallback_codegen.files(),
         "itemsizes.inc": _itemsize_include(),
         **{name: (HERE / name).read_bytes() for name in (*SOURCES, *HEADERS)},
     }

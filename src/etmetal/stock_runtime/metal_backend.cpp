@@ -319,15 +319,19 @@ ETM_EXPORT int32_t etm_stock_configure(const char* libtorch) {
                          (libtorch ? libtorch : "(null)") + ": " + (why ? why : "no such file"));
     return 1;
   }
-  for (int64_t i = 0; i < etm_lt_count; i++) {
-    void* fn = dlsym(lt, etm_lt_table[i].name);
-    if (!fn) {
-      etm_stock::set_error(std::string("etm_stock_configure: ") + libtorch + " does not export " +
-                           etm_lt_table[i].name);
-      return 1;
+  // the hand-written fallbacks' table, then the one generated from torch's headers
+  const etm_lt_entry* tables[2] = {etm_lt_table, etm_lt_gen_table};
+  const int64_t counts[2] = {etm_lt_count, etm_lt_gen_count};
+  for (int k = 0; k < 2; k++)
+    for (int64_t i = 0; i < counts[k]; i++) {
+      void* fn = dlsym(lt, tables[k][i].name);
+      if (!fn) {
+        etm_stock::set_error(std::string("etm_stock_configure: ") + libtorch +
+                             " does not export " + tables[k][i].name);
+        return 1;
+      }
+      *tables[k][i].slot = fn;
     }
-    *etm_lt_table[i].slot = fn;
-  }
   etm_stock::libtorch_path = real;
   etm_stock::configured = true;
   return 0;
