@@ -9,6 +9,9 @@ they are built in, and each is named below:
   the bridge's globals: it is checked inside that prelude (``etmetal.shims.bridge``);
 - ``msl_types.h``, ``msl_math.h`` and ``msl_sync.h`` are the parts of ``msl_compat.h`` (the
   Metal-compatibility header a shader library is compiled after) and are checked through it.
+
+Sources of ``stock_runtime/`` include ExecuTorch's runtime headers: they get the wheel's
+include folders and definitions, as their build does (``executorch_compile_flags``).
 """
 
 from __future__ import annotations
@@ -71,18 +74,29 @@ def test_the_standard_of_the_msl_header_is_the_one_its_build_uses():
     assert CXX_HEADERS[f"{MSL}/msl_compat.h"] == msl_compiler._STD
 
 
+def _context(rel: str) -> tuple[str, ...]:
+    if rel.startswith("stock_runtime/"):
+        from etmetal.stock_runtime.runner import executorch_compile_flags
+
+        return executorch_compile_flags()
+    return ()
+
+
 @pytest.mark.parametrize("path", ALONE, ids=_rel)
 def test_source_compiles_alone_without_warnings(path: Path):
     rel = _rel(path)
+    context = _context(rel)
     if path.suffix in (".h", ".hpp"):
         # a header compiles alone when a unit that includes only it compiles
-        cpp = rel in CXX_HEADERS or path.suffix == ".hpp"
+        cpp = rel in CXX_HEADERS or path.suffix == ".hpp" or bool(context)
         std = CXX_HEADERS.get(rel, "-std=c++17" if cpp else "-std=c11")
-        proc = _compile(f'#include "{path}"\n', "c++" if cpp else "c", std)
+        proc = _compile(f'#include "{path}"\n', "c++" if cpp else "c", std, *context)
     else:
         cpp = path.suffix == ".cpp"
         std = "-std=c++17" if cpp else "-std=c11"
-        proc = _compile(path.read_text(), "c++" if cpp else "c", std, "-I", str(path.parent))
+        proc = _compile(
+            path.read_text(), "c++" if cpp else "c", std, "-I", str(path.parent), *context
+        )
     assert proc.returncode == 0, f"{rel} does not compile alone:\n{proc.stderr}"
 
 
