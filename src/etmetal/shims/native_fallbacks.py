@@ -99,9 +99,13 @@ class _Entry(ctypes.Structure):
     ]
 
 
+def libtorch_cpu_path() -> Path:
+    return Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+
+
 def libtorch_cpu() -> ctypes.CDLL:
     """The ``libtorch_cpu`` torch has loaded (never a second copy: RTLD_NOLOAD)."""
-    path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    path = libtorch_cpu_path()
     try:
         return ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
     except OSError as exc:
@@ -112,17 +116,14 @@ def signature(decl: abi.Decl) -> str:
     return f"{decl.restype}({', '.join(decl.argtypes)})"
 
 
-def bind(lib: ctypes.CDLL) -> dict[str, str]:
-    """Fill the bridge's libtorch slots; returns name -> signature of each bound function.
-
-    A function torch's headers declare with another signature, or that libtorch does not
-    export, is an error naming it (the bridge then serves these shims in Python only)."""
+def check_signatures(lib: ctypes.CDLL) -> list[tuple[str, int]]:
+    """(name, slot address) of each libtorch function ``lib``'s fallbacks call, after
+    checking the signature it calls it with against torch's installed headers (an error
+    naming the first that disagrees)."""
     count = ctypes.c_int64.in_dll(lib, "etm_lt_count").value
-    table = (_Entry * count).in_dll(lib, "etm_lt_table")
     decls = abi.declarations()
-    torch_lib = libtorch_cpu()
-    bound: dict[str, str] = {}
-    for entry in table:
+    rows = []
+    for entry in (_Entry * count).in_dll(lib, "etm_lt_table"):
         name, sig = entry.name.decode(), entry.signature.decode()
         decl = decls.get(name)
         if decl is None or signature(decl) != sig:
@@ -130,11 +131,24 @@ def bind(lib: ctypes.CDLL) -> dict[str, str]:
                 f"{name}: the bridge calls it as {sig}, torch's headers declare "
                 f"{signature(decl) if decl else 'nothing'}"
             )
+        rows.append((name, entry.slot))
+    return rows
+
+
+def bind(lib: ctypes.CDLL) -> dict[str, str]:
+    """Fill the bridge's libtorch slots; returns name -> signature of each bound function.
+
+    A function torch's headers declare with another signature, or that libtorch does not
+    export, is an error naming it (the bridge then serves these shims in Python only)."""
+    decls = abi.declarations()
+    torch_lib = libtorch_cpu()
+    bound: dict[str, str] = {}
+    for name, slot in check_signatures(lib):
         fn = getattr(torch_lib, name, None)
         if fn is None:
             raise NativeFallbackError(f"{name}: libtorch_cpu does not export it")
-        ctypes.c_void_p.from_address(entry.slot).value = ctypes.cast(fn, ctypes.c_void_p).value
-        bound[name] = sig
+        ctypes.c_void_p.from_address(slot).value = ctypes.cast(fn, ctypes.c_void_p).value
+        bound[name] = signature(decls[name])
     return bound
 
 

@@ -1,0 +1,405 @@
+// etmetal's MetalBackend for the stock ExecuTorch runtime (stock_runtime/__init__.py
+// explains the design): a BackendInterface registered as "MetalBackend" when this library
+// is loaded, running a host delegate's AOTI .so through the native shims linked into the
+// same library, with no Python call.
+#include <dlfcn.h>
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/core/event_tracer_hooks_delegate.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+#include <executorch/runtime/platform/log.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <mutex>
+
+#include "itemsizes.inc"  // etm_stock_itemsizes: c10 code -> bytes (build.py, from abi_codes)
+#include "native_fallbacks.h"
+#include "stock_constants.h"
+
+extern "C" {
+extern int64_t etm_native_limit, etm_native_cache_limit, etm_native_views, etm_native_borrows;
+extern const char* etm_last_unbound;
+extern char etm_check_message[1024];
+int32_t etm_run(etm_call* c);
+int32_t etm_native_delete_handle(void* h);
+}
+
+namespace et = executorch::runtime;
+using executorch::aten::Tensor;
+
+namespace etm_stock {
+namespace {
+
+std::mutex lock;  // the record table and the caches are process-global: one call at a time
+char last_error_text[4096] = {0};
+bool configured = false;
+const int64_t kNativeLimit = int64_t(1) << 40;  // every allocation is native: no Python here
+const int64_t kCacheLimit = int64_t(64) << 20;  // freed allocations kept for reuse
+
+struct Delegate {
+  std::string where, dir;
+  void* lib = nullptr;
+  Aoti api{};
+  void* container = nullptr;
+  size_t n_in = 0, n_out = 0;
+  Constants constants;
+  std::vector<etm_rec> images;
+  std::vector<void*> in_handles, out_handles;
+  std::vector<etm_out> outs;
+  std::vector<int64_t> dsts;
+};
+std::list<Delegate*> live;  // in creation order (etm_stock_describe)
+
+void destroy_delegate(Delegate* d) {
+  if (d->container) d->api.remove(d->container);  // its constants' aliases stay ours
+  d->container = nullptr;
+  d->constants.release();
+  // the .so stays mapped: AOTI's .so has STB_GNU_UNIQUE symbols, which make dlclose a no-op
+  remove_private_dir(d->dir);
+  live.remove(d);
+  delete d;
+}
+
+et::Error fail(const std::string& where, const std::string& what, et::Error code) {
+  set_error(where + ": " + what);
+  return code;
+}
+
+bool spec_target(et::ArrayRef<et::CompileSpec> specs, std::vector<Spec>* all, std::string* target) {
+  *target = "host";  // no target key: host, as lowered without the partitioner
+  for (const et::CompileSpec& s : specs) {
+    all->push_back({s.key ? s.key : "", std::string((const char*)s.value.buffer, s.value.nbytes)});
+    if (s.key && !std::strcmp(s.key, "target")) *target = all->back().value;
+  }
+  return true;
+}
+
+bool named_blob(const et::NamedDataMap* named, const std::string& key, const char* what,
+                std::unique_ptr<et::FreeableBuffer>* out, std::string* error) {
+  auto data = named->get_data(key.c_str());
+  if (!data.ok()) {
+    *error = "named data '" + key + "' (the " + what + ") is in neither the program nor its " +
+             "data files; if the program was exported with external data, pass its .ptd";
+    return false;
+  }
+  *out = std::make_unique<et::FreeableBuffer>(std::move(data.get()));
+  std::string actual = sha256_hex((*out)->data(), (*out)->size());
+  if (actual != key_digest(key)) {
+    *error = std::string("the ") + what + " blob does not match its key: sha256 " + actual +
+             ", key '" + key + "' (" + std::to_string((*out)->size()) + " bytes); the program " +
+             "was altered or corrupted after export";
+    return false;
+  }
+  return true;
+}
+
+class MetalBackend final : public et::BackendInterface {
+ public:
+  bool is_available() const override { return true; }
+
+  et::Result<et::DelegateHandle*> init(et::BackendInitContext& context,
+                                       et::FreeableBuffer* processed,
+                                       et::ArrayRef<et::CompileSpec> compile_specs) const override {
+    std::lock_guard<std::mutex> guard(lock);
+    const char* method = context.get_method_name();
+    std::string where = std::string("method '") + (method ? method : "?") + "': MetalBackend delegate";
+    std::string error, target;
+    if (!configured)
+      return fail(where, "etmetal's stock backend is not configured (call "
+                         "etmetal.stock_runtime.register(), or etm_stock_configure from C)",
+                  et::Error::InvalidState);
+    std::vector<Spec> specs;
+    spec_target(compile_specs, &specs, &target);
+    if (target != "host")
+      return fail(where, "compiled for target '" + target + "'; etmetal's backend for the " +
+                             "stock runtime runs 'host' delegates only (run it with etmetal's " +
+                             "runtime, etmetal.runtime.Runtime, or on macOS with ExecuTorch's " +
+                             "Metal runtime; an 'mps_emulated' program needs the native mps ABI, " +
+                             "which this backend does not have)",
+                  et::Error::NotSupported);
+    Keys keys;
+    if (!parse_keys(processed->data(), processed->size(), &keys, &error))
+      return fail(where, error, et::Error::InvalidProgram);
+    const et::NamedDataMap* named = context.get_named_data_map();
+    if (!named) return fail(where, "the program has no named data", et::Error::InvalidProgram);
+    std::unique_ptr<et::FreeableBuffer> so, weights, externs;
+    if (!named_blob(named, keys.so, ".so", &so, &error) ||
+        !named_blob(named, keys.weights, keys.shared_weights ? "weights index" : "weights", &weights,
+                    &error) ||
+        (!keys.extern_nodes.empty() &&
+         !named_blob(named, keys.extern_nodes, "extern-node table", &externs, &error)))
+      return fail(where, error, et::Error::InvalidProgram);
+    std::vector<IndexEntry> index;
+    if (keys.shared_weights && !parse_index((const char*)weights->data(), weights->size(), &index, &error))
+      return fail(where, error, et::Error::InvalidProgram);
+    std::string digest = delegate_digest(processed->data(), processed->size(), specs);
+    std::string so_digest = key_digest(keys.so);
+    bool so_alone = keys.extern_nodes.empty();  // and host: checked above
+    if (!is_trusted(digest, so_alone ? so_digest : ""))
+      return fail(where, "the program contains native code (an AOTI .so, sha256 " + so_digest +
+                             ") and running it gives the file your process's privileges. Load it "
+                             "only if you trust where it came from, by one of: "
+                             "etmetal.stock_runtime.register(trust_native_code=True); "
+                             "etmetal.stock_runtime.register(trusted_blob_hashes=['" + digest +
+                             "']) (this delegate's digest); ETMETAL_TRUSTED_BLOBS=" + digest +
+                             "; ETMETAL_TRUST_NATIVE_CODE=1" +
+                             (so_alone ? "" : "; the .so's own sha256 is not enough for this "
+                                              "delegate: its extern-node table steers what the .so runs"),
+                  et::Error::AccessFailed);
+    if (!keys.extern_nodes.empty())  // trusted, but the proxy executor is not native yet
+      return fail(where, "the .so runs operators without a C shim through etmetal's proxy executor "
+                         "(extern-node table " + keys.extern_nodes + "), which this backend does "
+                         "not serve; run the program with etmetal's runtime "
+                         "(etmetal.runtime.Runtime), or lower it so every operator has a C shim",
+                  et::Error::NotSupported);
+    processed->Free();
+    Delegate* d = new Delegate();
+    d->where = where;
+    live.push_back(d);
+    std::string so_path;
+    bool written = make_private_dir(&d->dir, &error) &&
+                   write_private_file(d->dir, "delegate.so", so->data(), so->size(), &so_path, &error);
+    so.reset();
+    if (!written || !(d->lib = load_model(d->dir, so_path, &error)) ||
+        !bind_aoti(d->lib, &d->api, &error)) {
+      destroy_delegate(d);
+      return fail(where, error, et::Error::AccessFailed);
+    }
+    int32_t rc = d->api.create(&d->container, 1, "cpu", nullptr);
+    if (rc) {
+      d->container = nullptr;
+      error = container_error(d->api, rc, "creating the model container");
+    } else if ((rc = d->api.num_inputs(d->container, &d->n_in)) ||
+               (rc = d->api.num_outputs(d->container, &d->n_out))) {
+      error = container_error(d->api, rc, "reading the inputs and outputs");
+    }
+    bool ok = !rc && (keys.shared_weights
+                          ? d->constants.lend_index(d->api, d->container, named, index, &error)
+                          : d->constants.load_blob(d->api, d->container, std::move(weights), &error));
+    if (!ok) {
+      destroy_delegate(d);
+      return fail(where, error, et::Error::InvalidProgram);
+    }
+    d->images.resize(d->n_in);
+    d->in_handles.resize(d->n_in);
+    d->out_handles.resize(d->n_out);
+    d->outs.resize(d->n_out);
+    d->dsts.resize(d->n_out);
+    return d;
+  }
+
+  et::Error execute(et::BackendExecutionContext& context, et::DelegateHandle* handle,
+                    et::Span<et::EValue*> args) const override {
+    std::lock_guard<std::mutex> guard(lock);
+    Delegate* d = static_cast<Delegate*>(handle);
+    if (!d || !d->container) return fail("MetalBackend", "executed after destroy", et::Error::InvalidState);
+    if (args.size() != d->n_in + d->n_out)
+      return fail(d->where, "called with " + std::to_string(args.size()) + " values, the .so takes " +
+                                std::to_string(d->n_in) + " inputs and " + std::to_string(d->n_out) +
+                                " outputs",
+                  et::Error::InvalidArgument);
+    std::string error;
+    for (size_t i = 0; i < args.size(); i++)
+      if (!describe(args[i], i, i < d->n_in ? &d->images[i] : nullptr,
+                    i < d->n_in ? nullptr : &d->outs[i - d->n_in],
+                    i < d->n_in ? nullptr : &d->dsts[i - d->n_in], &error))
+        return fail(d->where, error, et::Error::InvalidArgument);
+    et::EventTracerEntry event =
+        et::event_tracer_start_profiling_delegate(context.event_tracer(), "MetalBackend.execute",
+                                                  et::kUnsetDelegateDebugIntId);
+    etm_call call{reinterpret_cast<etm_container_run>(d->api.run), d->container, d->images.data(),
+                  (int64_t)d->n_in, d->in_handles.data(), d->out_handles.data(), (int64_t)d->n_out,
+                  d->outs.data(), d->dsts.data(), 0, 0};
+    etm_last_unbound = nullptr;
+    etm_check_message[0] = '\0';
+    int32_t rc = etm_run(&call);
+    bool ok = rc == 0;
+    if (rc == ETM_NO_SLOT) error = "no native record is free for the inputs" + shim_context();
+    else if (rc) error = container_error(d->api, rc, "running the model container");
+    for (size_t j = 0; j < d->n_out; j++) {  // outputs etm_run could not copy as predicted
+      void* h = d->out_handles[j];
+      if (!h) continue;
+      if (ok) ok = place(j, h, args[d->n_in + j]->toTensor(), &error);
+      if (etm_native_delete_handle(h) != 0 && ok) {
+        ok = false;
+        error = "output " + std::to_string(j) + " (handle " + hex(h) + ") is not a native tensor";
+      }
+      d->out_handles[j] = nullptr;
+    }
+    et::event_tracer_end_profiling_delegate(context.event_tracer(), event);
+    return ok ? et::Error::Ok : fail(d->where, error, et::Error::Internal);
+  }
+
+  void destroy(et::DelegateHandle* handle) const override {
+    std::lock_guard<std::mutex> guard(lock);
+    if (handle) destroy_delegate(static_cast<Delegate*>(handle));
+  }
+
+ private:
+  static std::string hex(const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%p", p);
+    return buf;
+  }
+
+  // value i as a record image (an input) or as the geometry etm_run copies into (an output)
+  static bool describe(et::EValue* v, size_t i, etm_rec* image, etm_out* out, int64_t* dst,
+                       std::string* error) {
+    std::string what = std::string(image ? "input" : "output") + " (value " + std::to_string(i) + ")";
+    if (!v || !v->isTensor()) return *error = what + " is not a tensor; the .so takes tensors only", false;
+    Tensor t = v->toTensor();
+    int32_t dtype = (int32_t)t.scalar_type();
+    if (t.dim() > ETM_MAX_DIMS || dtype < 0 || dtype >= ETM_NDTYPES || !etm_itemsize[dtype])
+      return *error = what + " has " + std::to_string(t.dim()) + " dimensions of dtype code " +
+                      std::to_string(dtype) + ", which a native record cannot hold", false;
+    int64_t* sizes = image ? image->sizes : out->sizes;
+    int64_t* strides = image ? image->strides : out->strides;
+    for (ssize_t d = 0; d < t.dim(); d++) {
+      sizes[d] = t.size(d);
+      strides[d] = t.strides()[d];
+    }
+    if (image) {
+      image->live = 0;  // etm_run makes it a live borrowed record
+      image->data_ptr = (int64_t)(intptr_t)t.const_data_ptr();
+      image->dim = t.dim();
+      image->offset = 0;
+      image->numel = t.numel();
+      image->dtype = dtype;
+      image->device_type = 0;
+      image->native = 2;
+      image->storage_bytes = (int64_t)t.nbytes();
+    } else {
+      out->nbytes = (int64_t)t.nbytes();
+      out->dim = t.dim();
+      out->dtype = dtype;
+      out->pad = 0;
+      *dst = (int64_t)(intptr_t)t.mutable_data_ptr();
+    }
+    return true;
+  }
+
+  // copy output j's record into its planned tensor, resizing a dynamic output
+  static bool place(size_t j, void* h, Tensor t, std::string* error) {
+    const etm_rec* r = etm_rec_of(h);
+    std::string what = "output " + std::to_string(j) + " (handle " + hex(h) + ")";
+    if (!r) return *error = what + " is not a live tensor", false;
+    if (r->dtype != (int32_t)t.scalar_type() || r->device_type != 0)
+      return *error = what + " is dtype code " + std::to_string(r->dtype) + ", the program " +
+                      "planned " + std::to_string((int)t.scalar_type()), false;
+    bool same = r->dim == t.dim();
+    for (int64_t d = 0; same && d < r->dim; d++) same = r->sizes[d] == t.size(d);
+    if (!same) {
+      executorch::aten::SizesType sizes[ETM_MAX_DIMS];
+      bool fits = r->dim == t.dim();
+      for (int64_t d = 0; fits && d < r->dim; d++) {
+        fits = r->sizes[d] <= INT32_MAX;
+        sizes[d] = (executorch::aten::SizesType)r->sizes[d];
+      }
+      if (!fits || et::resize_tensor(t, {sizes, (size_t)r->dim}) != et::Error::Ok) {
+        std::string got;
+        for (int64_t d = 0; d < r->dim; d++) got += (d ? ", " : "") + std::to_string(r->sizes[d]);
+        return *error = what + " has sizes [" + got + "], which its planned tensor cannot take", false;
+      }
+    }
+    copy_strided(r, t);
+    return true;
+  }
+
+  static void copy_strided(const etm_rec* r, Tensor t) {
+    int64_t item = etm_itemsize[r->dtype], n = r->numel, dim = r->dim;
+    char* dst = (char*)t.mutable_data_ptr();
+    const char* src = (const char*)(intptr_t)r->data_ptr;
+    if (n <= 0) return;
+    int64_t index[ETM_MAX_DIMS] = {0}, src_off = 0, dst_off = 0;
+    for (int64_t k = 0; k < n; k++) {
+      std::memcpy(dst + dst_off * item, src + src_off * item, (size_t)item);
+      for (int64_t d = dim - 1; d >= 0; d--) {  // the next index, last dimension fastest
+        src_off += r->strides[d];
+        dst_off += t.strides()[d];
+        if (++index[d] < r->sizes[d]) break;
+        src_off -= r->strides[d] * r->sizes[d];
+        dst_off -= (int64_t)t.strides()[d] * r->sizes[d];
+        index[d] = 0;
+      }
+    }
+  }
+};
+
+MetalBackend backend;
+const et::Error registered = et::register_backend({"MetalBackend", &backend});
+
+}  // namespace
+
+void set_error(const std::string& message) {
+  std::snprintf(last_error_text, sizeof(last_error_text), "%s", message.c_str());
+  ET_LOG(Error, "%s", message.c_str());
+}
+
+std::string shim_context() {
+  std::string out;
+  if (etm_last_unbound) out += std::string("shim ") + etm_last_unbound + " is not served natively";
+  if (etm_check_message[0]) out += (out.empty() ? "" : "; ") + std::string(etm_check_message);
+  return out.empty() ? out : " (" + out + ")";
+}
+
+}  // namespace etm_stock
+
+extern "C" {
+
+// the last failure's message ("" if none)
+ETM_EXPORT const char* etm_stock_last_error() { return etm_stock::last_error_text; }
+
+// 0 when "MetalBackend" was registered when this library was loaded
+ETM_EXPORT int32_t etm_stock_registration() { return (int32_t)etm_stock::registered; }
+
+// set up the native shims for a process with no Python (and with it): dtype sizes, limits,
+// and libtorch's C shims from libtorch_cpu at `libtorch` (dlopen, RTLD_LOCAL); 0 or 1 (message
+// in etm_stock_last_error). Repeatable: the same library path is configured again.
+ETM_EXPORT int32_t etm_stock_configure(const char* libtorch) {
+  std::lock_guard<std::mutex> guard(etm_stock::lock);
+  for (const auto& row : etm_stock_itemsizes) etm_itemsize[row[0]] = (int8_t)row[1];
+  etm_native_limit = etm_stock::kNativeLimit;
+  etm_native_cache_limit = etm_stock::kCacheLimit;
+  etm_native_views = etm_native_borrows = etm_native_fallbacks = 1;
+  char real[PATH_MAX];
+  void* lt = libtorch ? dlopen(libtorch, RTLD_NOW | RTLD_LOCAL) : nullptr;
+  if (!lt || !realpath(libtorch, real)) {
+    const char* why = dlerror();
+    etm_stock::set_error(std::string("etm_stock_configure: cannot load libtorch_cpu from ") +
+                         (libtorch ? libtorch : "(null)") + ": " + (why ? why : "no such file"));
+    return 1;
+  }
+  for (int64_t i = 0; i < etm_lt_count; i++) {
+    void* fn = dlsym(lt, etm_lt_table[i].name);
+    if (!fn) {
+      etm_stock::set_error(std::string("etm_stock_configure: ") + libtorch + " does not export " +
+                           etm_lt_table[i].name);
+      return 1;
+    }
+    *etm_lt_table[i].slot = fn;
+  }
+  etm_stock::libtorch_path = real;
+  etm_stock::configured = true;
+  return 0;
+}
+
+// live delegates, entries of the shared constant cache
+ETM_EXPORT int64_t etm_stock_live_delegates() { return (int64_t)etm_stock::live.size(); }
+ETM_EXPORT int64_t etm_stock_shared_entries() { return etm_stock::shared_entries(); }
+
+// one line per constant lent by a live delegate: "<where>\t<name>\t<key>\t<address>\t<mutable>";
+// returns the bytes the whole text needs (written up to cap, NUL-terminated when it fits)
+ETM_EXPORT int64_t etm_stock_describe(char* buf, int64_t cap) {
+  std::lock_guard<std::mutex> guard(etm_stock::lock);
+  std::string text;
+  for (etm_stock::Delegate* d : etm_stock::live)
+    for (const etm_stock::Lent& c : d->constants.lent())
+      text += d->where + "\t" + c.name + "\t" + c.key + "\t" +
+              std::to_string((uintptr_t)c.data) + "\t" + (c.mutable_ ? "1" : "0") + "\n";
+  if (buf && cap > (int64_t)text.size()) std::memcpy(buf, text.c_str(), text.size() + 1);
+  return (int64_t)text.size() + 1;
+}
+
+}  // extern "C"

@@ -1,0 +1,143 @@
+"""Register etmetal's native MetalBackend into the stock ExecuTorch runtime of this process.
+
+The library is loaded RTLD_LOCAL: its static constructor registers "MetalBackend" with the
+``libexecutorch.so`` that ``executorch.runtime`` already loaded (the library links that same
+file), and none of its ``aoti_torch_*`` enters the process-wide scope, so torch's own AOTI
+runner loaded later still binds to libtorch (checked after loading, with ``dlopen(NULL)``).
+Configuring it is a C call (``etm_stock_configure``), the one a Python-free runner makes too;
+Python only checks first that the libtorch functions the fallbacks call have the signatures
+torch's installed headers declare.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from etmetal.shims import native_fallbacks
+
+from .build import build_library
+
+BACKEND_ID = "MetalBackend"
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_path: Path | None = None
+
+
+class StockRuntimeError(RuntimeError):
+    """etmetal's backend could not be built, loaded, registered or configured."""
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    lib.etm_stock_last_error.restype = ctypes.c_char_p
+    lib.etm_stock_registration.restype = ctypes.c_int32
+    lib.etm_stock_configure.argtypes, lib.etm_stock_configure.restype = (
+        [ctypes.c_char_p],
+        ctypes.c_int32,
+    )
+    lib.etm_stock_set_policy.argtypes = [ctypes.c_int32, ctypes.c_char_p]
+    lib.etm_stock_set_policy.restype = None
+    lib.etm_stock_live_delegates.restype = ctypes.c_int64
+    lib.etm_stock_shared_entries.restype = ctypes.c_int64
+    lib.etm_stock_describe.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.etm_stock_describe.restype = ctypes.c_int64
+
+
+def _load() -> ctypes.CDLL:
+    global _lib, _path
+    from executorch.runtime import Runtime  # loads libexecutorch.so (the pybind module's)
+
+    path = build_library()
+    try:
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as exc:
+        raise StockRuntimeError(f"loading {path} failed: {exc}") from exc
+    _bind(lib)
+    code = lib.etm_stock_registration()
+    if code != 0:
+        raise StockRuntimeError(
+            f"{path.name}: registering {BACKEND_ID!r} failed with ExecuTorch error {code} (is "
+            "another MetalBackend registered in this process?)"
+        )
+    native_fallbacks.check_signatures(lib)
+    if lib.etm_stock_configure(str(native_fallbacks.libtorch_cpu_path()).encode()) != 0:
+        raise StockRuntimeError(lib.etm_stock_last_error().decode(errors="replace"))
+    leaked = [n for n in ("aoti_torch_empty_strided", "etm_run") if hasattr(ctypes.CDLL(None), n)]
+    if leaked:
+        raise StockRuntimeError(f"{path.name} put {leaked} into the process-wide scope")
+    if BACKEND_ID not in Runtime.get().backend_registry.registered_backend_names:
+        raise StockRuntimeError(f"{BACKEND_ID!r} is not in the stock runtime's backend registry")
+    _lib, _path = lib, path
+    return lib
+
+
+def register(trust_native_code: bool = False, trusted_blob_hashes: Iterable[str] = ()) -> None:
+    """Make the stock runtime (``executorch.runtime``) run Metal host delegates natively.
+
+    Builds the library on first use (content cache) and loads it once; every call sets the
+    trust policy anew: ``trust_native_code`` runs any delegate's ``.so``;
+    ``trusted_blob_hashes`` lists delegate digests (or, for a host delegate without an
+    extern-node table, ``.so`` digests). ``ETMETAL_TRUST_NATIVE_CODE`` and
+    ``ETMETAL_TRUSTED_BLOBS`` apply as in etmetal's runtime.
+    """
+    hashes = [str(h).strip() for h in trusted_blob_hashes]
+    bad = [h for h in hashes if "," in h]
+    if bad:
+        raise ValueError(f"a trusted hash cannot contain ',': {bad[0]!r}")
+    with _lock:
+        lib = _lib if _lib is not None else _load()
+        lib.etm_stock_set_policy(int(bool(trust_native_code)), ",".join(hashes).encode())
+
+
+def _library() -> ctypes.CDLL:
+    if _lib is None:
+        raise StockRuntimeError("etmetal.stock_runtime.register() has not been called")
+    return _lib
+
+
+def library_path() -> Path:
+    """The built ``libetmetal_stock.so`` (built if needed; a runner links it)."""
+    return _path if _path is not None else build_library()
+
+
+def last_error() -> str:
+    """The message of the backend's last failure ("" if none)."""
+    return _library().etm_stock_last_error().decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class LentConstant:
+    """A constant a live delegate lent its container (the shared-weights layout)."""
+
+    where: str  # "method 'decode': MetalBackend delegate"
+    name: str
+    key: str
+    address: int
+    mutable: bool
+
+
+def lent_constants() -> list[LentConstant]:
+    """Every constant the live delegates lent, in delegate creation order."""
+    lib = _library()
+    need = lib.etm_stock_describe(None, 0)
+    buf = ctypes.create_string_buffer(need)
+    lib.etm_stock_describe(buf, need)
+    rows = [line.split("\t") for line in buf.value.decode().splitlines() if line]
+    return [LentConstant(w, n, k, int(a), m == "1") for w, n, k, a, m in rows]
+
+
+def native_counts() -> dict[str, int]:
+    """The native layer's counters: live records, live owned storages, their bytes, live
+    delegates, shared constant entries."""
+    lib = _library()
+    counts = {
+        name: ctypes.c_int64.in_dll(lib, f"etm_native_{name}").value
+        for name in ("live", "stores", "bytes", "borrowed")
+    }
+    counts["delegates"] = lib.etm_stock_live_delegates()
+    counts["shared_entries"] = lib.etm_stock_shared_entries()
+    return counts
