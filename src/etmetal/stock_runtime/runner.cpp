@@ -190,12 +190,41 @@ int write_outputs(et::Method& method, const Options& o, const std::string& input
   return ExitCode::kOk;
 }
 
+// A backend library's full account of its last failure (ExecuTorch's log cuts long lines).
+using LastError = const char* (*)();
+std::vector<std::pair<std::string, LastError>> backend_errors;
+
+std::string backend_messages() {
+  std::string text;
+  for (const auto& [lib, last_error] : backend_errors) {
+    const char* message = last_error();
+    if (message != nullptr && *message != '\0') {
+      text += "\n  " + std::filesystem::path(lib).filename().string() + ": " + message;
+    }
+  }
+  return text;
+}
+
 int run(const Options& o) {
   for (const auto& lib : o.backend_libs) {
     // RTLD_LOCAL: the library registers its backend from a constructor, nothing else of it
     // needs to be visible to later libraries
-    if (dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL) == nullptr) {
+    void* handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
       return fail(ExitCode::kBackendLib, std::string("cannot load backend library: ") + dlerror());
+    }
+    // etmetal's MetalBackend is configured by a C call naming the libtorch_cpu its native
+    // fallbacks use (the same call etmetal.stock_runtime.register makes)
+    using Configure = int32_t (*)(const char*);
+    auto configure = reinterpret_cast<Configure>(dlsym(handle, "etm_stock_configure"));
+    auto last_error = reinterpret_cast<LastError>(dlsym(handle, "etm_stock_last_error"));
+    if (last_error != nullptr) {
+      backend_errors.emplace_back(lib, last_error);
+    }
+    if (configure != nullptr && !o.libtorch_cpu.empty() &&
+        configure(o.libtorch_cpu.c_str()) != 0) {
+      return fail(ExitCode::kBackendLib, lib + ": " +
+                                             (last_error ? last_error() : "etm_stock_configure failed"));
     }
   }
   if (o.list_operators || o.list_backends) {
@@ -299,7 +328,7 @@ int run(const Options& o) {
   double load_ms = ms_since(load_start);
   if (!method.ok()) {
     return fail(ExitCode::kMethodLoad, "load_method('" + o.method + "') failed: " +
-                                           et::to_string(method.error()));
+                                           et::to_string(method.error()) + backend_messages());
   }
   if (!o.output_dir.empty()) {
     std::error_code ec;
@@ -331,7 +360,8 @@ int run(const Options& o) {
     times.push_back(ms_since(start));
     if (err != et::Error::Ok) {
       return fail(ExitCode::kExecute, "execute of '" + o.method + "' failed (iteration " +
-                                          std::to_string(i) + "): " + et::to_string(err));
+                                          std::to_string(i) + "): " + et::to_string(err) +
+                                          backend_messages());
     }
   }
   if (!o.output_dir.empty()) {

@@ -142,6 +142,13 @@ def default_backend_libs() -> list[Path]:
     return [Path(library_path())] if library_path is not None else []
 
 
+def _libtorch_cpu() -> Path:
+    """The libtorch_cpu etmetal's native fallbacks call (torch's own, next to this torch)."""
+    from etmetal.shims import native_fallbacks
+
+    return Path(native_fallbacks.libtorch_cpu_path())
+
+
 @dataclass
 class RunnerResult:
     outputs: list
@@ -260,6 +267,8 @@ def run_runner(
         ]
         for lib in libs:
             args += ["--backend-lib", str(lib)]
+        if libs:
+            args += ["--libtorch-cpu", str(_libtorch_cpu())]
         for path in data_files:
             args += ["--data", str(path)]
         if inputs is not None:

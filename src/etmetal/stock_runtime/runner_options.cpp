@@ -14,9 +14,12 @@ void usage() {
       "  [--method NAME] [--input FILE]... [--generate-inputs ones|seed:N]\n"
       "  [--iterations N] [--output-dir DIR] [--etdump FILE] [--dump-maps FILE]\n"
       "  [--loader file|mmap] [--list-operators] [--list-backends] [--describe]\n"
+      "  [--libtorch-cpu PATH]\n"
       "--input files hold the raw bytes of each tensor input, in order, laid out as the\n"
       "method's input spec says; without them inputs are generated (default: ones).\n"
-      "--describe prints the method's input specs as JSON and runs nothing.\n");
+      "--describe prints the method's input specs as JSON and runs nothing.\n"
+      "--libtorch-cpu names the libtorch_cpu a backend library's native fallbacks call\n"
+      "(handed to each --backend-lib exporting etm_stock_configure).\n");
 }
 
 } // namespace
@@ -56,6 +59,8 @@ int parse(int argc, char** argv, Options* o) {
       o->data_files.push_back(v);
     } else if (a == "--backend-lib") {
       o->backend_libs.push_back(v);
+    } else if (a == "--libtorch-cpu") {
+      o->libtorch_cpu = v;
     } else if (a == "--method") {
       o->method = v;
     } else if (a == "--input") {
