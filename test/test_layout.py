@@ -22,7 +22,7 @@ TEST = ROOT / "test"
 
 # the two sides of a program file; what they must agree on lives in common/
 AHEAD_OF_TIME = ("backend", "layout")
-RUN_TIME = ("runtime", "shims")
+RUN_TIME = ("runtime", "shims", "stock_runtime")
 
 
 def _module_of(path: Path) -> str:

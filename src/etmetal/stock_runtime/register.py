@@ -131,13 +131,16 @@ def lent_constants() -> list[LentConstant]:
 
 
 def native_counts() -> dict[str, int]:
-    """The native layer's counters: live records, live owned storages, their bytes, live
-    delegates, shared constant entries."""
+    """The native layer's counters: live records, live owned storages, their bytes,
+    borrowed records, shim calls that went to the (unbound) Python half, live delegates,
+    entries of the shared constant cache."""
     lib = _library()
     counts = {
         name: ctypes.c_int64.in_dll(lib, f"etm_native_{name}").value
         for name in ("live", "stores", "bytes", "borrowed")
     }
+    rows = ctypes.c_int64.in_dll(lib, "etm_shim_rows").value
+    counts["python_calls"] = sum((ctypes.c_uint64 * max(rows, 1)).in_dll(lib, "etm_shim_python"))
     counts["delegates"] = lib.etm_stock_live_delegates()
     counts["shared_entries"] = lib.etm_stock_shared_entries()
     return counts

@@ -1,0 +1,100 @@
+"""The two-method LM through the stock runtime: prefill, then 32 greedy decode tokens equal to
+eager's, with one copy of each weight lent to both methods' containers."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from executorch.runtime import Runtime
+
+import etmetal.stock_runtime as stock
+from etmetal.examples import llm
+
+PROMPT = torch.randint(0, llm.TINY.vocab, (1, 8), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def lm() -> llm.DecoderLM:
+    return llm.make_decoder_lm()
+
+
+@pytest.fixture(scope="module")
+def programs(lm) -> dict[str, bytes]:
+    exports = llm.lm_exports(lm)
+    return {
+        "own_kv": llm.lower_methods(exports).buffer,
+        "shared_kv": llm.lower_methods(exports, share_mutable_buffers=True).buffer,
+    }
+
+
+def _eager_steps(lm, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    logits: list[torch.Tensor] = []
+
+    def run(tokens, pos):
+        logits.append(lm(tokens, pos))
+        return logits[-1]
+
+    lm.reset_cache()
+    tokens = llm.greedy(run, run, PROMPT, steps)
+    lm.reset_cache()
+    return tokens, logits
+
+
+def test_prefill_then_32_decode_steps_give_eager_tokens(lm, programs, trusted):
+    want_tokens, want_logits = _eager_steps(lm, 32)
+    program = Runtime.get().load_program(programs["shared_kv"])
+    prefill, decode = program.load_method("prefill"), program.load_method("decode")
+    got_logits: list[torch.Tensor] = []
+
+    def run(method):
+        def call(tokens, pos):
+            got_logits.append(method.execute([tokens, pos])[0].clone())
+            return got_logits[-1]
+
+        return call
+
+    assert llm.greedy(run(prefill), run(decode), PROMPT, 32) == want_tokens
+    for got, want in zip(got_logits, want_logits, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_methods_lend_one_copy_of_each_weight_and_keep_their_own_kv_cache(programs, trusted):
+    gc.collect()
+    base = stock.native_counts()["shared_entries"]
+    program = Runtime.get().load_program(programs["own_kv"])
+    prefill = program.load_method("prefill")
+    after_prefill = stock.native_counts()["shared_entries"]
+    decode = program.load_method("decode")
+    # decode names the same weights: no entry of the shared cache is added for it
+    assert stock.native_counts()["shared_entries"] == after_prefill > base
+    lent = stock.lent_constants()
+    by_method: dict[str, dict[str, stock.LentConstant]] = {}
+    for c in lent:
+        by_method.setdefault(c.where.split("'")[1], {})[c.key] = c
+    prefill_keys, decode_keys = by_method["prefill"], by_method["decode"]
+    common = set(prefill_keys) & set(decode_keys)
+    weights = [k for k in common if not prefill_keys[k].mutable]
+    caches = [k for k in common if prefill_keys[k].mutable]
+    assert weights and caches
+    for key in weights:  # one copy of each weight
+        assert prefill_keys[key].address == decode_keys[key].address, key
+    for key in caches:  # a KV cache per method, as the exported methods declare
+        assert prefill_keys[key].address != decode_keys[key].address, key
+    del prefill, decode, program
+    gc.collect()
+    assert stock.native_counts()["shared_entries"] == base
+
+
+def test_shared_mutable_buffers_are_one_copy(programs, trusted):
+    program = Runtime.get().load_program(programs["shared_kv"])
+    prefill, decode = program.load_method("prefill"), program.load_method("decode")
+    lent = stock.lent_constants()
+    caches: dict[str, set[int]] = {}
+    for c in lent:
+        if c.mutable:
+            caches.setdefault(c.name, set()).add(c.address)
+    assert caches and all(len(a) == 1 for a in caches.values())
+    del prefill, decode, program
+    gc.collect()

@@ -1,0 +1,185 @@
+"""Through the stock runtime, etmetal's native MetalBackend refuses what etmetal's runtime
+refuses: untrusted native code (with how to opt in), blobs that do not match their keys,
+a target other than ``host`` and a ``.so`` that needs the proxy executor; each opt-in of
+the trust policy loads the program, and a later ``register`` call changes the policy."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+from executorch.runtime import Runtime
+
+import etmetal.stock_runtime as stock
+from etmetal.common.delegate_blobs import delegate_digest
+from etmetal.testing.pte_blobs import metal_delegates, replace_named
+
+TRUST_ENV, BLOBS_ENV = "ETMETAL_TRUST_NATIVE_CODE", "ETMETAL_TRUSTED_BLOBS"
+
+
+@torch.library.custom_op("etmtest_stock::scaled", mutates_args=())
+def scaled(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x * alpha + 1
+
+
+@scaled.register_fake
+def _(x, alpha):
+    return torch.empty_like(x)
+
+
+class LinearThenCustom(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.etmtest_stock.scaled(self.lin(x), 0.5)
+
+
+@pytest.fixture(autouse=True)
+def _policy(monkeypatch):
+    """No trust from the environment; each test starts and ends with the default policy."""
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    monkeypatch.delenv(BLOBS_ENV, raising=False)
+    stock.register()
+    yield
+    gc.collect()
+    stock.register()
+
+
+def _linear():
+    torch.manual_seed(2)
+    return torch.nn.Linear(8, 4), (torch.randn(3, 8),)
+
+
+def _private_dirs() -> list[Path]:
+    return sorted(Path(tempfile.gettempdir()).glob(f"etmetal-stock-{os.getpid()}-*"))
+
+
+def _load(pte: bytes):
+    return Runtime.get().load_program(pte).load_method("forward")
+
+
+def _digest(pte: bytes) -> str:
+    [d] = deserialize_pte_binary(pte).program.execution_plan[0].delegates
+    specs = [(s.key, bytes(s.value)) for s in d.compile_specs]
+    return delegate_digest(metal_delegates(pte)[0].processed, specs)
+
+
+def _refused(pte: bytes) -> str:
+    before = _private_dirs()
+    with pytest.raises(RuntimeError):
+        _load(pte)
+    assert _private_dirs() == before  # nothing left behind
+    assert stock.native_counts()["delegates"] == 0
+    return stock.last_error()
+
+
+def _flip(pte: bytes, blob: bytes) -> bytes:
+    start = pte.find(blob)
+    assert start >= 0 and pte.find(blob, start + 1) < 0
+    pos = start + len(blob) // 2
+    return pte[:pos] + bytes([pte[pos] ^ 0x5A]) + pte[pos + 1 :]
+
+
+def test_untrusted_program_is_refused_with_how_to_opt_in(stock_lowered):
+    low = stock_lowered("trust:linear", _linear)
+    message = _refused(low.pte)
+    for hint in (
+        "trust_native_code=True",
+        "trusted_blob_hashes",
+        _digest(low.pte),
+        "ETMETAL_TRUST_NATIVE_CODE=1",
+        "method 'forward'",
+    ):
+        assert hint in message
+
+
+@pytest.mark.parametrize("how", ["flag", "digest", "so_digest", "env", "env_digest"])
+def test_each_opt_in_loads_and_runs_the_program(how, stock_lowered, monkeypatch):
+    low = stock_lowered("trust:linear", _linear)
+    digest = _digest(low.pte)
+    if how == "flag":
+        stock.register(trust_native_code=True)
+    elif how == "digest":
+        stock.register(trusted_blob_hashes=[digest.upper()])
+    elif how == "so_digest":  # a host delegate without an extern-node table: the .so is all
+        stock.register(trusted_blob_hashes=[metal_delegates(low.pte)[0].keys[0]])
+    elif how == "env":
+        monkeypatch.setenv(TRUST_ENV, "1")
+    else:
+        monkeypatch.setenv(BLOBS_ENV, f"0000,{digest}")
+    [got] = _load(low.pte).execute(list(low.inputs))
+    with torch.no_grad():
+        torch.testing.assert_close(got, low.module(*low.inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_a_later_register_call_changes_the_policy(stock_lowered):
+    low = stock_lowered("trust:linear", _linear)
+    stock.register(trust_native_code=True)
+    _load(low.pte)
+    stock.register()
+    assert "trust_native_code=True" in _refused(low.pte)
+
+
+@pytest.mark.parametrize("which", ["so", "weights", "constant"])
+def test_a_blob_that_does_not_match_its_key_is_refused(which, stock_lowered):
+    low = stock_lowered("trust:linear", _linear)
+    d = metal_delegates(low.pte)[0]
+    if which == "constant":
+        [key] = [c["key"] for c in d.index if c["fqn"].endswith("weight")]
+        blob = d.constants[key]
+    else:
+        key, blob = (d.keys[0], d.so) if which == "so" else (d.keys[1], d.weights)
+    stock.register(trust_native_code=True)
+    message = _refused(_flip(low.pte, blob))
+    assert "does not match its key" in message and key in message
+
+
+def test_an_extern_node_table_that_does_not_match_its_key_is_refused(stock_lowered):
+    torch.manual_seed(3)
+    low = stock_lowered("trust:custom", lambda: (LinearThenCustom(), (torch.randn(2, 6),)))
+    d = metal_delegates(low.pte)[0]
+    assert d.extern_nodes_key is not None
+    table = [v for k, v in _named(low.pte).items() if k == d.extern_nodes_key][0]
+    stock.register(trust_native_code=True)
+    message = _refused(_flip(low.pte, table))
+    assert "extern-node table blob does not match its key" in message
+    # intact and trusted, the table still needs the proxy executor, which is not native yet
+    message = _refused(low.pte)
+    assert "proxy executor" in message and "etmetal.runtime.Runtime" in message
+    # and a .so digest never vouches for a delegate with a table
+    stock.register(trusted_blob_hashes=[d.keys[0][:64]])
+    assert "extern-node table" in _refused(low.pte)
+
+
+def _named(pte: bytes) -> dict[str, bytes]:
+    named = deserialize_pte_binary(pte).named_data
+    return {k: bytes(named.buffers[e.buffer_index]) for k, e in named.pte_data.items()}
+
+
+def test_a_target_other_than_host_is_refused_naming_what_to_do(stock_lowered):
+    low = stock_lowered("trust:linear", _linear)
+    parsed = deserialize_pte_binary(low.pte)
+    [d] = parsed.program.execution_plan[0].delegates
+    [spec] = [s for s in d.compile_specs if s.key == "target"]
+    spec.value = b"mps_emulated"
+    pte = bytes(serialize_pte_binary(parsed, extract_delegate_segments=True))
+    stock.register(trust_native_code=True)
+    message = _refused(pte)
+    assert "'mps_emulated'" in message and "'host' delegates only" in message
+
+
+def test_a_mismatched_index_is_refused_naming_the_constant(stock_lowered):
+    low = stock_lowered("trust:linear", _linear)
+    d = metal_delegates(low.pte)[0]
+    index = d.weights.replace(b'"dtype":6', b'"dtype":7', 1)
+    assert index != d.weights
+    stock.register(trust_native_code=True)
+    message = _refused(replace_named(low.pte, {d.keys[1]: index}))
+    assert "dtype code" in message
