@@ -143,3 +143,44 @@ def test_stock_python_runtime_etdump_holds_the_delegate_event(demo_programs, tmp
         stock.register()
     events = _delegate_events(etdump)
     assert len(events) == 1 and events[0].is_delegated_op
+
+
+@pytest.mark.parametrize("name", [d.name for d in DEMO_MODELS])
+def test_mutated_programs_give_errors_not_crashes(demo_programs, name, tmp_path):
+    """Random byte changes anywhere in a trusted delegated .pte: the runner exits with one of
+    its error codes (or runs, if the bytes it changed do not matter), never by a signal."""
+    import random
+    import subprocess
+
+    from etmetal.stock_runtime import library_path
+
+    _, _, path = demo_programs[name]
+    original = path.read_bytes()
+    rng = random.Random(name)
+    mutated = tmp_path / "mutated.pte"
+    codes = []
+    for _ in range(25):
+        data = bytearray(original)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        mutated.write_bytes(bytes(data))
+        proc = subprocess.run(
+            [
+                str(runner.runner_path()),
+                str(mutated),
+                "--generate-inputs",
+                "seed:1",
+                "--backend-lib",
+                str(library_path()),
+                "--libtorch-cpu",
+                str(runner.libtorch_cpu_path()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=runner.trust_environment(True, ()),
+        )
+        assert proc.returncode == 0 or proc.returncode in runner.EXIT_CODES, proc.stderr
+        assert proc.returncode == 0 or "etmetal_runner: " in proc.stderr
+        codes.append(proc.returncode)
+    assert any(codes)  # some mutation was caught

@@ -31,19 +31,23 @@ from etmetal.common.scalar_types import SCALAR_TYPE_CODES
 
 __all__ = [
     "EXIT_CODES",
+    "describe",
     "NativeRunError",
     "RunnerResult",
     "executorch_compile_flags",
     "executorch_root",
+    "libtorch_cpu_path",
     "run_native",
     "run_runner",
     "runner_path",
+    "trust_environment",
 ]
 
 _HERE = Path(__file__).resolve().parent
 _SOURCES = ("runner.cpp", "runner_io.cpp", "runner_options.cpp")
 _HEADERS = ("runner_io.h", "runner_options.h")
 
+TIMEOUT_CODE = 124  # ours, as coreutils' timeout reports it: the runner never exits with it
 # ExitCode in runner_io.h
 EXIT_CODES: dict[int, str] = {
     2: "usage",
@@ -55,6 +59,7 @@ EXIT_CODES: dict[int, str] = {
     8: "execute failed",
     9: "write failed",
     10: "backend library failed to load",
+    TIMEOUT_CODE: "timed out (killed)",
 }
 
 _DTYPES = {
@@ -72,7 +77,7 @@ class NativeRunError(RuntimeError):
         self.code = code
         self.stderr = stderr
         self.command = list(command)
-        kind = EXIT_CODES.get(code, f"exit code {code}")
+        kind = EXIT_CODES.get(code, f"killed by signal {-code}" if code < 0 else f"exit {code}")
         super().__init__(f"etmetal_runner: {kind} (exit {code}): {stderr.strip()}")
 
 
@@ -142,7 +147,7 @@ def default_backend_libs() -> list[Path]:
     return [Path(library_path())] if library_path is not None else []
 
 
-def _libtorch_cpu() -> Path:
+def libtorch_cpu_path() -> Path:
     """The libtorch_cpu etmetal's native fallbacks call (torch's own, next to this torch)."""
     from etmetal.shims import native_fallbacks
 
@@ -157,8 +162,11 @@ class RunnerResult:
     inputs: list = field(default_factory=list)
 
 
-def _trust_env(trust_native_code: bool, trusted_blob_hashes: Sequence[str]) -> dict[str, str]:
-    # the variables etmetal's backends read (etmetal.runtime and the native MetalBackend)
+def trust_environment(
+    trust_native_code: bool, trusted_blob_hashes: Sequence[str]
+) -> dict[str, str]:
+    """This process's environment with the trust policy in the variables etmetal's
+    backends read (etmetal.runtime and the native MetalBackend), for the runner."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -178,7 +186,7 @@ def _invoke(args: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
             command, capture_output=True, text=True, env=dict(env), timeout=timeout
         )
     except subprocess.TimeoutExpired as exc:
-        raise NativeRunError(-1, f"timed out after {timeout} s", command) from exc
+        raise NativeRunError(TIMEOUT_CODE, f"timed out after {timeout} s", command) from exc
     if proc.returncode != 0:
         raise NativeRunError(proc.returncode, proc.stderr, command)
     return proc.stdout
@@ -251,7 +259,7 @@ def run_runner(
     ``backend_libs`` defaults to etmetal's MetalBackend library when available. Raises
     :class:`NativeRunError` with the runner's message on any failure."""
     libs = default_backend_libs() if backend_libs is None else [Path(p) for p in backend_libs]
-    env = _trust_env(trust_native_code, trusted_blob_hashes)
+    env = trust_environment(trust_native_code, trusted_blob_hashes)
     with tempfile.TemporaryDirectory(prefix="etmetal-runner-") as tmp:
         work = Path(tmp)
         args = [
@@ -268,7 +276,7 @@ def run_runner(
         for lib in libs:
             args += ["--backend-lib", str(lib)]
         if libs:
-            args += ["--libtorch-cpu", str(_libtorch_cpu())]
+            args += ["--libtorch-cpu", str(libtorch_cpu_path())]
         for path in data_files:
             args += ["--data", str(path)]
         if inputs is not None:
