@@ -22,10 +22,9 @@ def lm() -> llm.DecoderLM:
 
 @pytest.fixture(scope="module")
 def programs(lm) -> dict[str, bytes]:
-    exports = llm.lm_exports(lm)
-    return {
-        "own_kv": llm.lower_methods(exports).buffer,
-        "shared_kv": llm.lower_methods(exports, share_mutable_buffers=True).buffer,
+    return {  # each lowering exports afresh (lowering consumes the exported programs)
+        "own_kv": llm.lower_methods(llm.lm_exports(lm)).buffer,
+        "shared_kv": llm.lower_methods(llm.lm_exports(lm), share_mutable_buffers=True).buffer,
     }
 
 

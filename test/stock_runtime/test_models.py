@@ -49,3 +49,20 @@ def test_upstream_one_blob_layout_matches_eager(stock_lowered, trusted):
     with torch.no_grad():
         expected = low.module(*low.inputs)
     assert_matches(low.execute(low.inputs), expected, 1e-4, 1e-4)
+
+
+class CumulativeSum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, dim=1) * 2
+
+
+def test_a_shim_not_served_natively_fails_naming_it(stock_lowered, trusted):
+    # aoti_torch_cpu_cumsum is served by etmetal's Python shims only: here the forwarder is
+    # unbound, so the run fails (no Python call, no crash) and the message names the shim
+    low = stock_lowered("unserved:cumsum", lambda: (CumulativeSum(), (torch.randn(4, 64),)))
+    with pytest.raises(RuntimeError):
+        low.execute(low.inputs)
+    message = stock.last_error()
+    assert "method 'forward'" in message
+    assert "shim aoti_torch_cpu_cumsum is not served natively" in message
+    assert stock.native_counts()["delegates"] == 0

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import gc
 import os
+import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -183,3 +186,40 @@ def test_a_mismatched_index_is_refused_naming_the_constant(stock_lowered):
     stock.register(trust_native_code=True)
     message = _refused(replace_named(low.pte, {d.keys[1]: index}))
     assert "dtype code" in message
+
+
+def test_the_so_lives_in_a_private_directory_removed_with_its_method(stock_lowered):
+    low = stock_lowered("trust:linear", _linear)
+    stock.register(trust_native_code=True)
+    before = _private_dirs()
+    method = _load(low.pte)
+    [d] = [p for p in _private_dirs() if p not in before]
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    # the .so, and the link wrapper that binds it to this library
+    assert sorted(p.name for p in d.iterdir()) == ["delegate.so", "libetmetal_link.so"]
+    del method
+    gc.collect()
+    assert not d.exists()
+
+
+def test_a_method_never_destroyed_leaves_no_directory_at_exit(stock_lowered, tmp_path):
+    low = stock_lowered("trust:linear", _linear)
+    (tmp_path / "model.pte").write_bytes(low.pte)
+    code = (
+        "import os, sys, etmetal.stock_runtime as s\n"
+        "from executorch.runtime import Runtime\n"
+        "s.register(trust_native_code=True)\n"
+        "m = Runtime.get().load_program('model.pte').load_method('forward')\n"
+        "print(len([p for p in os.listdir(os.environ['TMPDIR']) if p.startswith('etmetal-stock')]))\n"
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    src = str(Path(stock.__file__).parents[2])  # this checkout's etmetal
+    path = os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "1"  # it was there while the method lived
+    assert not [p for p in os.listdir(tmp) if p.startswith("etmetal-stock")]

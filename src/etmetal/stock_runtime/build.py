@@ -22,18 +22,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from etmetal.common.native_build import WARNINGS, NativeBuildError, build_files, build_shared
-from etmetal.shims import abi_codes, bridge, native_fallbacks, native_tensors
+from etmetal.shims import abi_codes, bridge, int4_kernel, native_fallbacks, native_tensors
+from etmetal.shims.device import BridgeSource
 from etmetal.shims.standard_context import standard_shims
 
 HERE = Path(__file__).parent
 SOURCES = (
     "metal_backend.cpp",
+    "stock_custom_ops.cpp",
     "stock_constants.cpp",
     "stock_index.cpp",
     "stock_loader.cpp",
     "stock_trust.cpp",
 )
-HEADERS = ("stock_backend.h", "stock_constants.h")
+HEADERS = ("stock_backend.h", "stock_constants.h", "stock_custom_ops.h")
 LIB_NAME = "libetmetal_stock.so"
 # placeholder DT_NEEDED paths of the link-wrapper template, patched per delegate; each
 # path written over one must be shorter
@@ -43,6 +45,28 @@ PLACEHOLDERS = {
     "VECMATH": "/etmetal-placeholder-vecmath/",
     "MODEL": "/etmetal-placeholder-model/",
 }
+
+
+def _served(call: str) -> str:
+    # 0 served, 1 refused with a message (etm_check_message), -1 left to the unbound Python
+    return f"  {{ int r = {call}; if (r >= 0) {{ ETM_HIT_NATIVE(); return r; }} }}\n"
+
+
+# the custom operators' shims, which etmetal's Python runtime serves in Python
+CUSTOM_OPS = BridgeSource(
+    includes='#include "stock_custom_ops.h"\n',
+    native_paths={
+        "aoti_torch_cpu__linear_fp_act_4bit_weight": _served(
+            "etm_stock_int4_linear(a0, a1, a2, a3, a4, (void**)a5)"
+        ),
+        "aoti_torch_cpu_gather_qmv": _served(
+            "etm_stock_gather_qmv(a0, a1, a2, a3, a4, a5, (void**)a6)"
+        ),
+        "aoti_torch_cpu_gated_delta_rule": _served(
+            "etm_stock_gated_delta_rule(a0, a1, a2, a3, a4, a5, (void**)a6)"
+        ),
+    },
+)
 
 
 class StockBuildError(RuntimeError):
@@ -110,7 +134,8 @@ def build_library() -> Path:
     """Build the library unless the cache has this exact build; its verified path."""
     et = executorch_dir()
     files = {
-        "libetmetal_bridge.cpp": bridge.generate_source(standard_shims()).encode(),
+        "libetmetal_bridge.cpp": bridge.generate_source(standard_shims(), [CUSTOM_OPS]).encode(),
+        int4_kernel.SOURCE.name: int4_kernel.SOURCE.read_bytes(),
         native_tensors.SOURCE.name: native_tensors.SOURCE.read_bytes(),
         native_tensors.HEADER.name: native_tensors.HEADER.read_bytes(),
         native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),

@@ -51,6 +51,13 @@ struct Delegate {
   std::vector<int64_t> dsts;
 };
 std::list<Delegate*> live;  // in creation order (etm_stock_describe)
+// at exit, delegates nobody destroyed still take their private directories with them
+// (the containers are left to the process's end: their .so may already be unloading)
+struct RemoveDirsAtExit {
+  ~RemoveDirsAtExit() {
+    for (Delegate* d : live) remove_private_dir(d->dir);
+  }
+} remove_dirs_at_exit;
 
 void destroy_delegate(Delegate* d) {
   if (d->container) d->api.remove(d->container);  // its constants' aliases stay ours
@@ -167,6 +174,8 @@ class MetalBackend final : public et::BackendInterface {
       destroy_delegate(d);
       return fail(where, error, et::Error::AccessFailed);
     }
+    etm_last_unbound = nullptr;  // what the container's creation reports is its own
+    etm_check_message[0] = '\0';
     int32_t rc = d->api.create(&d->container, 1, "cpu", nullptr);
     if (rc) {
       d->container = nullptr;
@@ -359,6 +368,9 @@ ETM_EXPORT int32_t etm_stock_registration() { return (int32_t)etm_stock::registe
 // in etm_stock_last_error). Repeatable: the same library path is configured again.
 ETM_EXPORT int32_t etm_stock_configure(const char* libtorch) {
   std::lock_guard<std::mutex> guard(etm_stock::lock);
+  // touch every record page now: handles cycle through the whole table (FIFO reuse), and
+  // resident memory should not creep up over the first thousands of executes
+  if (!etm_stock::configured) std::memset(etm_recs, 0, sizeof(etm_recs));
   for (const auto& row : etm_stock_itemsizes) etm_itemsize[row[0]] = (int8_t)row[1];
   etm_native_limit = etm_stock::kNativeLimit;
   etm_native_cache_limit = etm_stock::kCacheLimit;

@@ -163,7 +163,7 @@ std::string container_error(const Aoti& api, int32_t rc, const std::string& step
   if (api.last_error) api.last_error(&msg);
   std::string text = msg && *msg ? msg : "error code " + std::to_string(rc);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return step + " failed: " + text + shim_context();
+  return step + " failed" + shim_context() + ": " + text;  // the shim first: AOTI's text is long
 }
 
 bool Constants::load_blob(const Aoti& api, void* container,
