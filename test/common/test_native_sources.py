@@ -11,7 +11,9 @@ they are built in, and each is named below:
   Metal-compatibility header a shader library is compiled after) and are checked through it.
 
 Sources of ``stock_runtime/`` include ExecuTorch's runtime headers: they get the wheel's
-include folders and definitions, as their build does (``executorch_compile_flags``).
+include folders and definitions, as their build does (``executorch_compile_flags``), the
+``shims/`` folder (the native layer the MetalBackend links) and the two includes its build
+generates (``itemsizes.inc``, ``wrapper_template.inc``, written by ``stock_runtime.build``).
 """
 
 from __future__ import annotations
@@ -74,18 +76,37 @@ def test_the_standard_of_the_msl_header_is_the_one_its_build_uses():
     assert CXX_HEADERS[f"{MSL}/msl_compat.h"] == msl_compiler._STD
 
 
-def _context(rel: str) -> tuple[str, ...]:
+@pytest.fixture(scope="module")
+def stock_generated(tmp_path_factory) -> Path:
+    """The includes ``stock_runtime.build`` generates, as its build writes them."""
+    from etmetal.stock_runtime import build
+
+    directory = tmp_path_factory.mktemp("stock-generated")
+    (directory / "itemsizes.inc").write_bytes(build._itemsize_include())
+    template = build._template_include(build.wrapper_template())
+    (directory / "wrapper_template.inc").write_bytes(template)
+    return directory
+
+
+def _context(rel: str, request) -> tuple[str, ...]:
     if rel.startswith("stock_runtime/"):
         from etmetal.stock_runtime.runner import executorch_compile_flags
 
-        return executorch_compile_flags()
+        generated = request.getfixturevalue("stock_generated")
+        return (
+            *executorch_compile_flags(),
+            "-I",
+            str(PACKAGE / "shims"),
+            "-I",
+            str(generated),
+        )
     return ()
 
 
 @pytest.mark.parametrize("path", ALONE, ids=_rel)
-def test_source_compiles_alone_without_warnings(path: Path):
+def test_source_compiles_alone_without_warnings(path: Path, request):
     rel = _rel(path)
-    context = _context(rel)
+    context = _context(rel, request)
     if path.suffix in (".h", ".hpp"):
         # a header compiles alone when a unit that includes only it compiles
         cpp = rel in CXX_HEADERS or path.suffix == ".hpp" or bool(context)

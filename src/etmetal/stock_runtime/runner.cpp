@@ -159,6 +159,13 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 int write_outputs(et::Method& method, const Options& o, const std::string& inputs_json,
                   double load_ms, const std::vector<double>& times) {
   std::string outputs_json;
+  std::vector<std::string> written;
+  auto give_up = [&](const std::string& error) {
+    for (const auto& path : written) {  // a run's outputs are all there, or none is
+      std::remove(path.c_str());
+    }
+    return fail(ExitCode::kWriteFailed, error);
+  };
   for (size_t i = 0; i < method.outputs_size(); ++i) {
     const et::EValue& value = method.get_output(i);
     std::string file;
@@ -167,8 +174,9 @@ int write_outputs(et::Method& method, const Options& o, const std::string& input
       const auto& t = value.toTensor();
       std::string error;
       if (!etmetal_runner::write_file_atomically(file, t.const_data_ptr(), t.nbytes(), &error)) {
-        return fail(ExitCode::kWriteFailed, error);
+        return give_up(error);
       }
+      written.push_back(file);
     }
     outputs_json += std::string(i ? ", " : "") + etmetal_runner::describe_evalue(value, file);
   }
@@ -185,7 +193,7 @@ int write_outputs(et::Method& method, const Options& o, const std::string& input
   std::string error;
   if (!etmetal_runner::write_file_atomically(
           o.output_dir + "/manifest.json", manifest.data(), manifest.size(), &error)) {
-    return fail(ExitCode::kWriteFailed, error);
+    return give_up(error);
   }
   return ExitCode::kOk;
 }
