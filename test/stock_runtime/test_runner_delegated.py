@@ -184,3 +184,24 @@ def test_mutated_programs_give_errors_not_crashes(demo_programs, name, tmp_path)
         assert proc.returncode == 0 or "etmetal_runner: " in proc.stderr
         codes.append(proc.returncode)
     assert any(codes)  # some mutation was caught
+
+
+def test_the_backend_library_registers_metal_backend_in_the_runner():
+    import subprocess
+
+    from etmetal.stock_runtime import library_path
+
+    exe = str(runner.runner_path())
+    alone = subprocess.run([exe, "--list-backends"], capture_output=True, text=True, check=True)
+    assert "MetalBackend" not in alone.stdout.split()
+    lib = ["--backend-lib", str(library_path())]
+    listed = subprocess.run(
+        [exe, *lib, "--list-backends"], capture_output=True, text=True, check=True
+    )
+    assert "MetalBackend" in listed.stdout.split()
+    bad = subprocess.run(
+        [exe, *lib, "--libtorch-cpu", "/nonexistent/libtorch_cpu.so", "--list-backends"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 10 and "/nonexistent/libtorch_cpu.so" in bad.stderr
