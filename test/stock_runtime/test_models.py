@@ -13,6 +13,7 @@ import torch
 import etmetal.stock_runtime as stock
 from etmetal.examples.demo import DEMO_MODELS, get_demo
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
+from etmetal.testing.pte_blobs import metal_delegates
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_matches, fresh_like  # noqa: E402
@@ -46,9 +47,12 @@ def test_demo_model_matches_eager(name, stock_lowered, trusted):
 def test_upstream_one_blob_layout_matches_eager(stock_lowered, trusted):
     make = lambda: (*get_demo("transformer_block"), {"runtime": "upstream"})  # noqa: E731
     low = stock_lowered("demo:transformer_block:upstream", make)
+    assert all(d.layout == "one_blob" for d in metal_delegates(low.pte))
     with torch.no_grad():
         expected = low.module(*low.inputs)
     assert_matches(low.execute(low.inputs), expected, 1e-4, 1e-4)
+    counts = stock.native_counts()  # the container's constants went with it
+    assert (counts["delegates"], counts["live"], counts["stores"]) == (0, 0, 0)
 
 
 class CumulativeSum(torch.nn.Module):
@@ -66,3 +70,31 @@ def test_a_shim_not_served_natively_fails_naming_it(stock_lowered, trusted):
     assert "method 'forward'" in message
     assert "shim aoti_torch_cpu_cumsum is not served natively" in message
     assert stock.native_counts()["delegates"] == 0
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.lin(x)) * 2
+
+
+def test_dynamic_outputs_are_resized_to_what_the_so_returns(stock_lowered, trusted):
+    def make():
+        torch.manual_seed(4)
+        batch = torch.export.Dim("batch", min=1, max=16)
+        return Scaled(), (torch.randn(16, 8),), {"dynamic_shapes": ({0: batch},)}
+
+    low = stock_lowered("dynamic:scaled", make)
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(low.pte).load_method("forward")
+    for rows in (3, 16, 2, 7):  # smaller than, equal to, then smaller than the upper bound
+        x = torch.randn(rows, 8)
+        [got] = method.execute([x])
+        with torch.no_grad():
+            expected = low.module(x)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -10,6 +10,8 @@ Both load the weights from the same kind of blob. Arms, interleaved:
 - ``etmetal_shims``: ``etmetal.shims.AotiModel.run(inputs)``
 - ``etmetal_delegate`` (when the runtime delegate is available): the model lowered
   with ``MetalPartitioner`` to a ``.pte`` and run by ``etmetal.runtime``, the full path.
+- ``stock_delegate``: the same ``.pte`` run by ExecuTorch's own runtime
+  (``executorch.runtime``) with etmetal's native MetalBackend (``etmetal.stock_runtime``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,17 @@ def delegate_method(module: torch.nn.Module, inputs: tuple, tmp: Path):
     return program.load_method("forward"), n_delegates
 
 
+def stock_method(pte: Path):
+    """The ``.pte`` loaded by the stock runtime with etmetal's native backend registered
+    (this process trusts the bench's own programs)."""
+    from executorch.runtime import Runtime
+
+    from etmetal import stock_runtime
+
+    stock_runtime.register(trust_native_code=True)
+    return Runtime.get().load_program(str(pte)).load_method("forward")
+
+
 @dataclass
 class _Prepared:
     name: str
@@ -114,9 +127,13 @@ def bench_model(p: _Prepared, args: argparse.Namespace, tmp: Path) -> bm.Compari
     method, n_delegates = (
         (None, None) if args.no_pte else delegate_method(p.module, tuple(args_list), tmp)
     )
+    stock = None
     if method is not None:
         errs["etmetal_delegate"] = (method.execute(args_list)[0] - want).abs().max().item()
         arms.append(bm.Arm("etmetal_delegate", lambda: method.execute(args_list)))
+        stock = stock_method(tmp / "model.pte")
+        errs["stock_delegate"] = (stock.execute(args_list)[0] - want).abs().max().item()
+        arms.append(bm.Arm("stock_delegate", lambda: stock.execute(args_list)))
     bad = {k: e for k, e in errs.items() if not e <= 1e-4 * max(1.0, want.abs().max().item())}
     if bad:
         raise SystemExit(f"bench delegate: {p.name}: outputs differ from eager: {bad}")
@@ -126,6 +143,7 @@ def bench_model(p: _Prepared, args: argparse.Namespace, tmp: Path) -> bm.Compari
     row.add_ratio("etmetal_shims", "torch_aoti", TARGETS.get(p.name))
     if method is not None:
         row.add_ratio("etmetal_delegate", "torch_aoti", TARGETS.get(p.name))
+        row.add_ratio("stock_delegate", "torch_aoti")
     if method is not None:
         # what the .pte path adds on top of the delegate: the Method's input checks and
         # output handling, and whatever edge lowering changed in the compiled graph

@@ -113,10 +113,11 @@ _COUNT = "__atomic_fetch_add(&etm_calls, 1, __ATOMIC_RELAXED);"
 
 
 def _native_path(decl: abi.Decl, device_paths: Mapping[str, str]) -> str:
+    # a source's own path wins: it may wrap the standard one (the stock runtime's events)
     served = (
-        native_tensors.NATIVE_PATHS.get(decl.name)
+        device_paths.get(decl.name)
+        or native_tensors.NATIVE_PATHS.get(decl.name)
         or native_fallbacks.NATIVE_PATHS.get(decl.name)
-        or device_paths.get(decl.name)
     )
     if served is not None:
         return served.replace(_COUNT, "ETM_HIT_NATIVE();")

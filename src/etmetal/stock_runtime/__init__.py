@@ -24,6 +24,7 @@ altered blobs, a target other than ``host`` and a ``.so`` that needs the proxy e
 from .register import (
     LentConstant,
     StockRuntimeError,
+    header_path,
     last_error,
     lent_constants,
     library_path,
@@ -34,6 +35,7 @@ from .register import (
 __all__ = [
     "LentConstant",
     "StockRuntimeError",
+    "header_path",
     "last_error",
     "lent_constants",
     "library_path",

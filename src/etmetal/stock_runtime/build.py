@@ -33,9 +33,19 @@ SOURCES = (
     "stock_constants.cpp",
     "stock_index.cpp",
     "stock_loader.cpp",
+    "stock_tensors.cpp",
     "stock_trust.cpp",
 )
-HEADERS = ("stock_backend.h", "stock_constants.h", "stock_custom_ops.h")
+HEADERS = (
+    "etmetal_stock.h",
+    "stock_backend.h",
+    "stock_constants.h",
+    "stock_custom_ops.h",
+    "stock_events.h",
+    "stock_tensors.h",
+)
+# the C API a program linking the library calls (etm_stock_configure, ...)
+PUBLIC_HEADER = HERE / "etmetal_stock.h"
 LIB_NAME = "libetmetal_stock.so"
 # placeholder DT_NEEDED paths of the link-wrapper template, patched per delegate; each
 # path written over one must be shorter
@@ -53,19 +63,35 @@ def _served(call: str) -> str:
 
 
 # the custom operators' shims, which etmetal's Python runtime serves in Python
+_CUSTOM_OP_PATHS = {
+    "aoti_torch_cpu__linear_fp_act_4bit_weight": _served(
+        "etm_stock_int4_linear(a0, a1, a2, a3, a4, (void**)a5)"
+    ),
+    "aoti_torch_cpu_gather_qmv": _served(
+        "etm_stock_gather_qmv(a0, a1, a2, a3, a4, a5, (void**)a6)"
+    ),
+    "aoti_torch_cpu_gated_delta_rule": _served(
+        "etm_stock_gated_delta_rule(a0, a1, a2, a3, a4, a5, (void**)a6)"
+    ),
+}
+# shims that are not operators: no event of their own
+_NOT_OPERATORS = ("create_tensor_from_blob", "new_tensor_handle")
+
+
+def _with_event(name: str, path: str) -> str:
+    """``path`` inside an event-tracer event named after the shim (stock_events.h)."""
+    return f'  EtmFallbackEvent etm_event_("{name}");\n{path}'
+
+
+# each fallback and custom operator is an event of the execute's ETDump
+FALLBACK_PATHS = {
+    name: _with_event(name, path)
+    for name, path in {**native_fallbacks.NATIVE_PATHS, **_CUSTOM_OP_PATHS}.items()
+    if not any(word in name for word in _NOT_OPERATORS)
+}
 CUSTOM_OPS = BridgeSource(
-    includes='#include "stock_custom_ops.h"\n',
-    native_paths={
-        "aoti_torch_cpu__linear_fp_act_4bit_weight": _served(
-            "etm_stock_int4_linear(a0, a1, a2, a3, a4, (void**)a5)"
-        ),
-        "aoti_torch_cpu_gather_qmv": _served(
-            "etm_stock_gather_qmv(a0, a1, a2, a3, a4, a5, (void**)a6)"
-        ),
-        "aoti_torch_cpu_gated_delta_rule": _served(
-            "etm_stock_gated_delta_rule(a0, a1, a2, a3, a4, a5, (void**)a6)"
-        ),
-    },
+    includes='#include "stock_custom_ops.h"\n#include "stock_events.h"\n',
+    native_paths=FALLBACK_PATHS,
 )
 
 

@@ -5,7 +5,6 @@
 #include <dlfcn.h>
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/event_tracer_hooks_delegate.h>
-#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/platform/log.h>
 
 #include <climits>
@@ -14,9 +13,12 @@
 #include <list>
 #include <mutex>
 
+#include "etmetal_stock.h"
 #include "itemsizes.inc"  // etm_stock_itemsizes: c10 code -> bytes (build.py, from abi_codes)
 #include "native_fallbacks.h"
 #include "stock_constants.h"
+#include "stock_events.h"
+#include "stock_tensors.h"
 
 extern "C" {
 extern int64_t etm_native_limit, etm_native_cache_limit, etm_native_views, etm_native_borrows;
@@ -37,6 +39,11 @@ char last_error_text[4096] = {0};
 bool configured = false;
 const int64_t kNativeLimit = int64_t(1) << 40;  // every allocation is native: no Python here
 const int64_t kCacheLimit = int64_t(64) << 20;  // freed allocations kept for reuse
+
+// the event tracer of the execute in progress (the lock makes it one), for the fallbacks'
+// events (stock_events.h); fallbacks do not nest, a short stack keeps that an assumption
+et::EventTracer* current_tracer = nullptr;
+std::vector<et::EventTracerEntry> open_events;
 
 struct Delegate {
   std::string where, dir;
@@ -211,7 +218,7 @@ class MetalBackend final : public et::BackendInterface {
                   et::Error::InvalidArgument);
     std::string error;
     for (size_t i = 0; i < args.size(); i++)
-      if (!describe(args[i], i, i < d->n_in ? &d->images[i] : nullptr,
+      if (!describe_value(args[i], i, i < d->n_in ? &d->images[i] : nullptr,
                     i < d->n_in ? nullptr : &d->outs[i - d->n_in],
                     i < d->n_in ? nullptr : &d->dsts[i - d->n_in], &error))
         return fail(d->where, error, et::Error::InvalidArgument);
@@ -223,17 +230,20 @@ class MetalBackend final : public et::BackendInterface {
                   d->outs.data(), d->dsts.data(), 0, 0};
     etm_last_unbound = nullptr;
     etm_check_message[0] = '\0';
+    current_tracer = context.event_tracer();
     int32_t rc = etm_run(&call);
+    current_tracer = nullptr;
+    open_events.clear();
     bool ok = rc == 0;
     if (rc == ETM_NO_SLOT) error = "no native record is free for the inputs" + shim_context();
     else if (rc) error = container_error(d->api, rc, "running the model container");
     for (size_t j = 0; j < d->n_out; j++) {  // outputs etm_run could not copy as predicted
       void* h = d->out_handles[j];
       if (!h) continue;
-      if (ok) ok = place(j, h, args[d->n_in + j]->toTensor(), &error);
+      if (ok) ok = place_output(j, h, args[d->n_in + j]->toTensor(), &error);
       if (etm_native_delete_handle(h) != 0 && ok) {
         ok = false;
-        error = "output " + std::to_string(j) + " (handle " + hex(h) + ") is not a native tensor";
+        error = "output " + std::to_string(j) + " (handle " + handle_hex(h) + ") is not a native tensor";
       }
       d->out_handles[j] = nullptr;
     }
@@ -246,94 +256,6 @@ class MetalBackend final : public et::BackendInterface {
     if (handle) destroy_delegate(static_cast<Delegate*>(handle));
   }
 
- private:
-  static std::string hex(const void* p) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%p", p);
-    return buf;
-  }
-
-  // value i as a record image (an input) or as the geometry etm_run copies into (an output)
-  static bool describe(et::EValue* v, size_t i, etm_rec* image, etm_out* out, int64_t* dst,
-                       std::string* error) {
-    std::string what = std::string(image ? "input" : "output") + " (value " + std::to_string(i) + ")";
-    if (!v || !v->isTensor()) return *error = what + " is not a tensor; the .so takes tensors only", false;
-    Tensor t = v->toTensor();
-    int32_t dtype = (int32_t)t.scalar_type();
-    if (t.dim() > ETM_MAX_DIMS || dtype < 0 || dtype >= ETM_NDTYPES || !etm_itemsize[dtype])
-      return *error = what + " has " + std::to_string(t.dim()) + " dimensions of dtype code " +
-                      std::to_string(dtype) + ", which a native record cannot hold", false;
-    int64_t* sizes = image ? image->sizes : out->sizes;
-    int64_t* strides = image ? image->strides : out->strides;
-    for (ssize_t d = 0; d < t.dim(); d++) {
-      sizes[d] = t.size(d);
-      strides[d] = t.strides()[d];
-    }
-    if (image) {
-      image->live = 0;  // etm_run makes it a live borrowed record
-      image->data_ptr = (int64_t)(intptr_t)t.const_data_ptr();
-      image->dim = t.dim();
-      image->offset = 0;
-      image->numel = t.numel();
-      image->dtype = dtype;
-      image->device_type = 0;
-      image->native = 2;
-      image->storage_bytes = (int64_t)t.nbytes();
-    } else {
-      out->nbytes = (int64_t)t.nbytes();
-      out->dim = t.dim();
-      out->dtype = dtype;
-      out->pad = 0;
-      *dst = (int64_t)(intptr_t)t.mutable_data_ptr();
-    }
-    return true;
-  }
-
-  // copy output j's record into its planned tensor, resizing a dynamic output
-  static bool place(size_t j, void* h, Tensor t, std::string* error) {
-    const etm_rec* r = etm_rec_of(h);
-    std::string what = "output " + std::to_string(j) + " (handle " + hex(h) + ")";
-    if (!r) return *error = what + " is not a live tensor", false;
-    if (r->dtype != (int32_t)t.scalar_type() || r->device_type != 0)
-      return *error = what + " is dtype code " + std::to_string(r->dtype) + ", the program " +
-                      "planned " + std::to_string((int)t.scalar_type()), false;
-    bool same = r->dim == t.dim();
-    for (int64_t d = 0; same && d < r->dim; d++) same = r->sizes[d] == t.size(d);
-    if (!same) {
-      executorch::aten::SizesType sizes[ETM_MAX_DIMS];
-      bool fits = r->dim == t.dim();
-      for (int64_t d = 0; fits && d < r->dim; d++) {
-        fits = r->sizes[d] <= INT32_MAX;
-        sizes[d] = (executorch::aten::SizesType)r->sizes[d];
-      }
-      if (!fits || et::resize_tensor(t, {sizes, (size_t)r->dim}) != et::Error::Ok) {
-        std::string got;
-        for (int64_t d = 0; d < r->dim; d++) got += (d ? ", " : "") + std::to_string(r->sizes[d]);
-        return *error = what + " has sizes [" + got + "], which its planned tensor cannot take", false;
-      }
-    }
-    copy_strided(r, t);
-    return true;
-  }
-
-  static void copy_strided(const etm_rec* r, Tensor t) {
-    int64_t item = etm_itemsize[r->dtype], n = r->numel, dim = r->dim;
-    char* dst = (char*)t.mutable_data_ptr();
-    const char* src = (const char*)(intptr_t)r->data_ptr;
-    if (n <= 0) return;
-    int64_t index[ETM_MAX_DIMS] = {0}, src_off = 0, dst_off = 0;
-    for (int64_t k = 0; k < n; k++) {
-      std::memcpy(dst + dst_off * item, src + src_off * item, (size_t)item);
-      for (int64_t d = dim - 1; d >= 0; d--) {  // the next index, last dimension fastest
-        src_off += r->strides[d];
-        dst_off += t.strides()[d];
-        if (++index[d] < r->sizes[d]) break;
-        src_off -= r->strides[d] * r->sizes[d];
-        dst_off -= (int64_t)t.strides()[d] * r->sizes[d];
-        index[d] = 0;
-      }
-    }
-  }
 };
 
 MetalBackend backend;
@@ -356,6 +278,20 @@ std::string shim_context() {
 }  // namespace etm_stock
 
 extern "C" {
+
+int etm_stock_event_begin(const char* name) {
+  et::EventTracer* tracer = etm_stock::current_tracer;
+  if (!tracer) return 0;
+  etm_stock::open_events.push_back(
+      et::event_tracer_start_profiling_delegate(tracer, name, et::kUnsetDelegateDebugIntId));
+  return 1;
+}
+
+void etm_stock_event_end(int began) {
+  if (!began || !etm_stock::current_tracer || etm_stock::open_events.empty()) return;
+  et::event_tracer_end_profiling_delegate(etm_stock::current_tracer, etm_stock::open_events.back());
+  etm_stock::open_events.pop_back();
+}
 
 // the last failure's message ("" if none)
 ETM_EXPORT const char* etm_stock_last_error() { return etm_stock::last_error_text; }

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from etmetal.shims import native_fallbacks
 
-from .build import build_library
+from .build import PUBLIC_HEADER, build_library
 
 BACKEND_ID = "MetalBackend"
 _lock = threading.Lock()
@@ -100,8 +100,14 @@ def _library() -> ctypes.CDLL:
 
 
 def library_path() -> Path:
-    """The built ``libetmetal_stock.so`` (built if needed; a runner links it)."""
+    """The built ``libetmetal_stock.so`` (built if needed; a runner links it and calls the
+    C API of ``header_path()``)."""
     return _path if _path is not None else build_library()
+
+
+def header_path() -> Path:
+    """``etmetal_stock.h``: the library's C API (configure, trust policy, last error)."""
+    return PUBLIC_HEADER
 
 
 def last_error() -> str:

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 
+#include "etmetal_stock.h"
 #include "stock_backend.h"
 
 namespace etm_stock {
