@@ -12,6 +12,11 @@ they are built in, and each is named below:
   (the checker and the pool use the executor's records): it is checked as it is built;
 - ``msl_types.h``, ``msl_math.h`` and ``msl_sync.h`` are the parts of ``msl_compat.h`` (the
   Metal-compatibility header a shader library is compiled after) and are checked through it.
+
+Sources of ``stock_runtime/`` include ExecuTorch's runtime headers: they get the wheel's
+include folders and definitions, as their build does (``executorch_compile_flags``), the
+``shims/`` folder (the native layer the MetalBackend links) and the two includes its build
+generates (``itemsizes.inc``, ``wrapper_template.inc``, written by ``stock_runtime.build``).
 """
 
 from __future__ import annotations
@@ -82,18 +87,48 @@ def test_the_standard_of_the_msl_header_is_the_one_its_build_uses():
     assert CXX_HEADERS[f"{MSL}/msl_compat.h"] == msl_compiler._STD
 
 
+@pytest.fixture(scope="module")
+def stock_generated(tmp_path_factory) -> Path:
+    """The includes ``stock_runtime.build`` generates, as its build writes them."""
+    from etmetal.stock_runtime import build
+
+    directory = tmp_path_factory.mktemp("stock-generated")
+    (directory / "itemsizes.inc").write_bytes(build._itemsize_include())
+    template = build._template_include(build.wrapper_template())
+    (directory / "wrapper_template.inc").write_bytes(template)
+    return directory
+
+
+def _context(rel: str, request) -> tuple[str, ...]:
+    if rel.startswith("stock_runtime/"):
+        from etmetal.stock_runtime.runner import executorch_compile_flags
+
+        generated = request.getfixturevalue("stock_generated")
+        return (
+            *executorch_compile_flags(),
+            "-I",
+            str(PACKAGE / "shims"),
+            "-I",
+            str(generated),
+        )
+    return ()
+
+
 @pytest.mark.parametrize("path", ALONE, ids=_rel)
-def test_source_compiles_alone_without_warnings(path: Path):
+def test_source_compiles_alone_without_warnings(path: Path, request):
     rel = _rel(path)
+    context = _context(rel, request)
     if path.suffix in (".h", ".hpp"):
         # a header compiles alone when a unit that includes only it compiles
-        cpp = rel in CXX_HEADERS or path.suffix == ".hpp"
+        cpp = rel in CXX_HEADERS or path.suffix == ".hpp" or bool(context)
         std = CXX_HEADERS.get(rel, "-std=c++17" if cpp else "-std=c11")
-        proc = _compile(f'#include "{path}"\n', "c++" if cpp else "c", std)
+        proc = _compile(f'#include "{path}"\n', "c++" if cpp else "c", std, *context)
     else:
         cpp = path.suffix == ".cpp"
         std = "-std=c++17" if cpp else "-std=c11"
-        proc = _compile(path.read_text(), "c++" if cpp else "c", std, "-I", str(path.parent))
+        proc = _compile(
+            path.read_text(), "c++" if cpp else "c", std, "-I", str(path.parent), *context
+        )
     assert proc.returncode == 0, f"{rel} does not compile alone:\n{proc.stderr}"
 
 

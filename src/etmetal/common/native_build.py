@@ -84,12 +84,16 @@ def build_key(
     lang: str = "c",
     flags: Sequence[str] = ("-O2",),
     link: Sequence[str] = (),
+    executable: bool = False,
 ) -> str:
     """The cache entry name of a build: a hash of the compiler, the machine, the flags and
     every file. Predictable on purpose (the entry's manifest, not its name, is what
     :mod:`etmetal.common.cache` trusts)."""
     cc = compiler(lang)
-    key_text = "|".join([str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link])
+    output = ("#executable",) if executable else ()
+    key_text = "|".join(
+        [str(_FORMAT), cc, platform.machine(), sys.platform, *flags, "#", *link, *output]
+    )
     digest = hashlib.sha256(key_text.encode())
     for name in sorted(files):
         digest.update(f"\n--{name}--\n".encode())
@@ -107,19 +111,21 @@ def build_files(
     flags: Sequence[str] = ("-O2",),
     link: Sequence[str] = (),
     root: Path | None = None,
+    executable: bool = False,
 ) -> Path:
     """Write ``files`` (name -> content) into a fresh entry and compile ``compiled`` of them
-    there into one shared object, so ``#include "x.h"`` finds its neighbours. The key
-    hashes every file, compiled or not."""
+    there into one shared object (or, with ``executable``, a program), so ``#include "x.h"``
+    finds its neighbours. The key hashes every file, compiled or not."""
     cc = compiler(lang)
     flags = (*flags, *sanitizer_flags())
-    key = build_key(files, lang=lang, flags=flags, link=link)
+    key = build_key(files, lang=lang, flags=flags, link=link, executable=executable)
+    output = () if executable else ("-shared", "-fPIC")
 
     def build(tmp: Path) -> None:
         for name, content in files.items():
             (tmp / name).write_bytes(content)
         srcs = [str(tmp / name) for name in compiled]
-        cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp / lib_name), *srcs, *link]
+        cmd = [cc, *flags, *output, "-o", str(tmp / lib_name), *srcs, *link]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise NativeBuildError(f"building {kind} failed ({' '.join(cmd)}):\n{proc.stderr}")
@@ -159,9 +165,11 @@ def build_sources(
     flags: Sequence[str] = ("-O2",),
     link: Sequence[str] = (),
     root: Path | None = None,
+    executable: bool = False,
 ) -> Path:
     """Compile the source files ``sources`` (with the ``headers`` they include, all by file
-    name, so they must not collide) into one shared object, like :func:`build_shared`."""
+    name, so they must not collide) into one shared object, like :func:`build_shared`, or
+    into a program with ``executable``."""
     files: dict[str, bytes] = {}
     for path in (*sources, *headers):
         path = Path(path)
@@ -173,7 +181,15 @@ def build_sources(
             raise NativeBuildError(f"building {kind}: cannot read {path}: {exc}") from exc
     compiled = [Path(p).name for p in sources]
     return build_files(
-        kind, lib_name, files, compiled, lang=lang, flags=flags, link=link, root=root
+        kind,
+        lib_name,
+        files,
+        compiled,
+        lang=lang,
+        flags=flags,
+        link=link,
+        root=root,
+        executable=executable,
     )
 
 

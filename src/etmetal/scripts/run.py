@@ -1,4 +1,5 @@
-"""``etmetal run model.pte``: run a program in etmetal's runtime.
+"""``etmetal run model.pte``: run a program in etmetal's runtime (or, with ``--native``, in
+ExecuTorch's own C++ runtime through ``etmetal_runner``, a process without Python).
 
 Inputs come from ``--inputs`` files (``.pt`` tensors saved with ``torch.save``, or ``.npy``)
 or, when none are given, are random tensors shaped like the method's input specs: floats
@@ -56,6 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run delegates in a worker process: a crashing delegate is an error, not a crash",
     )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="run in ExecuTorch's C++ runtime (etmetal_runner, no Python in that process) "
+        "with etmetal's native MetalBackend; built on first use",
+    )
+    parser.add_argument(
+        "--etdump", default=None, metavar="FILE", help="with --native: write an ETDump here"
+    )
 
 
 def random_input(spec, generator: torch.Generator):
@@ -108,8 +118,49 @@ def _where_it_runs(path: str, method: str) -> str:
     return plan_summary(plans[method])
 
 
+def run_native(args: argparse.Namespace) -> int:
+    from etmetal.stock_runtime.runner import NativeRunError, run_runner
+
+    if args.isolate:
+        print("etmetal run: --isolate does not apply to --native", file=sys.stderr)
+        return 2
+    inputs = [load_input(p) for p in args.inputs] if args.inputs else None
+    try:
+        result = run_runner(
+            args.program,
+            inputs,
+            args.method,
+            data_files=args.data or (),
+            generate=None if inputs else f"seed:{args.seed}",
+            iterations=max(args.runs, 1),
+            etdump=args.etdump,
+            trust_native_code=args.trust_native_code,
+            trusted_blob_hashes=args.trust_hash,
+        )
+    except NativeRunError as exc:
+        print(f"etmetal run: {exc}", file=sys.stderr)
+        return 1
+    if inputs is None:
+        print(
+            f"generated inputs (seed {args.seed}): " + ", ".join(describe(i) for i in result.inputs)
+        )
+    print(result.summary)
+    print(f"method {args.method!r}: {len(result.outputs)} output(s)")
+    for i, out in enumerate(result.outputs):
+        print(f"  output {i}: {describe(out)}")
+    if args.etdump:
+        print(f"ETDump written to {args.etdump}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from etmetal.runtime import EtmetalRuntimeError, Runtime
+
+    if args.native:
+        return run_native(args)
+    if args.etdump:
+        print("etmetal run: --etdump needs --native", file=sys.stderr)
+        return 2
 
     try:
         program = Runtime.get().load_program(

@@ -10,6 +10,10 @@ the ``.pte`` through the Metal delegate (native code trusted: the suite compiled
 The script reports how many of its passes really ran a delegated program and the most
 frequent failure causes (``--flows metal_host``).
 
+The ``metal_stock`` flow (``etmetal.testing.metal_stock_flow``) lowers the same way for
+upstream's runtime (``runtime="upstream"``) and runs the ``.pte`` in the stock runtime with
+etmetal's native ``MetalBackend`` registered (``etmetal.stock_runtime``).
+
 The ``cortex_m_host`` flow (``etmetal.testing.cortex_m_flow``) is upstream's ``cortex_m`` flow
 (quantize -> Cortex-M passes -> serialize) with the program run in etmetal's runtime instead
 of the FVP; its failures are reported by the suite stage that failed and, for output
@@ -139,6 +143,7 @@ def _make_metal_host_flow():
 
 ETMETAL_TEST_FLOW = None
 METAL_HOST_TEST_FLOW = None
+METAL_STOCK_TEST_FLOW = None
 CORTEX_M_HOST_TEST_FLOW = None
 
 
@@ -154,14 +159,17 @@ def _make_cortex_m_host_flow():
 
 def _install() -> None:
     """Add the flow to the suite's registry and pin the input seed (plugin import time)."""
-    global ETMETAL_TEST_FLOW, METAL_HOST_TEST_FLOW, CORTEX_M_HOST_TEST_FLOW
+    global ETMETAL_TEST_FLOW, METAL_HOST_TEST_FLOW, METAL_STOCK_TEST_FLOW, CORTEX_M_HOST_TEST_FLOW
     import executorch.backends.test.suite.flow as flow_module
     from executorch.backends.test.suite import reporting
+
+    from etmetal.testing import metal_stock_flow
 
     if getattr(flow_module.all_flows, "_etmetal", False):
         return
     ETMETAL_TEST_FLOW = _make_flow()
     METAL_HOST_TEST_FLOW = _make_metal_host_flow()
+    METAL_STOCK_TEST_FLOW = metal_stock_flow.make_flow(DELEGATED_LOG_ENV)
     CORTEX_M_HOST_TEST_FLOW = _make_cortex_m_host_flow()
     stock_all_flows = flow_module.all_flows
 
@@ -169,6 +177,7 @@ def _install() -> None:
         flows = stock_all_flows()
         flows[ETMETAL_TEST_FLOW.name] = ETMETAL_TEST_FLOW
         flows[METAL_HOST_TEST_FLOW.name] = METAL_HOST_TEST_FLOW
+        flows[METAL_STOCK_TEST_FLOW.name] = METAL_STOCK_TEST_FLOW
         if CORTEX_M_HOST_TEST_FLOW is not None:
             flows[CORTEX_M_HOST_TEST_FLOW.name] = CORTEX_M_HOST_TEST_FLOW
         return flows
@@ -260,7 +269,7 @@ def run_flows(
 
 def delegated_tests(out_dir: Path, flow: str) -> set[str]:
     """Test ids (flow stripped) of ``flow`` whose program was delegated and run (the
-    ``metal_host`` flow records them; the suite serializes only delegated programs)."""
+    ``metal_host`` and ``metal_stock`` flows record them; the suite serializes only delegated programs)."""
     log = out_dir / "delegated.log"
     if not log.exists():
         return set()
