@@ -120,31 +120,9 @@ def _param_name(param: str) -> tuple[str, str]:
     return param, ""
 
 
-@functools.lru_cache(maxsize=1)
-def parameters() -> dict[str, tuple[tuple[str, str], ...]]:
-    """name -> each parameter's (type as spelled, name), for every function of
-    :func:`declarations` torch's headers declare: the roles the generated fallbacks give
-    arguments (tensor, optional, list, output) come from these spellings and names."""
-    found: dict[str, tuple[tuple[str, str], ...]] = {}
-    root = include_dir()
-    for rel in HEADERS:
-        path = os.path.join(root, rel)
-        if not os.path.exists(path):
-            continue
-        with open(path, encoding="utf-8") as f:
-            text = _strip(f.read())
-        for m in _DECL.finditer(text):
-            _, name, params = m.groups()
-            params = params.strip()
-            plist = [] if params in ("", "void") else params.split(",")
-            found.setdefault(name, tuple(_param_name(p) for p in plist))
-    return {name: found[name] for name in declarations() if name in found}
-
-
-@functools.lru_cache(maxsize=1)  # torch's headers are fixed for the process: one parse
-def declarations() -> dict[str, Decl]:
-    """Every function in torch's AOTI shim headers that a trampoline can forward."""
-    decls: dict[str, Decl] = {}
+def _header_functions():
+    """(return type as spelled, name, parameters as spelled) of every function torch's AOTI
+    shim headers declare, in header order."""
     root = include_dir()
     for rel in HEADERS:
         path = os.path.join(root, rel)
@@ -154,14 +132,32 @@ def declarations() -> dict[str, Decl]:
             text = _strip(f.read())
         for m in _DECL.finditer(text):
             ret_spelled, name, params = m.groups()
-            restype = _c_type(ret_spelled)
             params = params.strip()
-            plist = [] if params in ("", "void") else params.split(",")
-            args = [_param_type(p) for p in plist]
-            if restype is None or any(a is None for a in args):
-                continue
-            error = ret_spelled.strip() == "AOTITorchError"
-            decls.setdefault(name, Decl(name, restype, tuple(args), error))
+            yield ret_spelled, name, [] if params in ("", "void") else params.split(",")
+
+
+@functools.lru_cache(maxsize=1)
+def parameters() -> dict[str, tuple[tuple[str, str], ...]]:
+    """name -> each parameter's (type as spelled, name), for every function of
+    :func:`declarations` torch's headers declare: the roles the generated fallbacks give
+    arguments (tensor, optional, list, output) come from these spellings and names."""
+    found: dict[str, tuple[tuple[str, str], ...]] = {}
+    for _, name, plist in _header_functions():
+        found.setdefault(name, tuple(_param_name(p) for p in plist))
+    return {name: found[name] for name in declarations() if name in found}
+
+
+@functools.lru_cache(maxsize=1)  # torch's headers are fixed for the process: one parse
+def declarations() -> dict[str, Decl]:
+    """Every function in torch's AOTI shim headers that a trampoline can forward."""
+    decls: dict[str, Decl] = {}
+    for ret_spelled, name, plist in _header_functions():
+        restype = _c_type(ret_spelled)
+        args = [_param_type(p) for p in plist]
+        if restype is None or any(a is None for a in args):
+            continue
+        error = ret_spelled.strip() == "AOTITorchError"
+        decls.setdefault(name, Decl(name, restype, tuple(args), error))
     # the custom operators' shims (torchao, metal::*), declared by etmetal, not torch
     custom = "".join(f"AOTI_TORCH_EXPORT {d};\n" for d in custom_ops.declarations())
     for m in _DECL.finditer(custom):

@@ -4,15 +4,12 @@ The ``etmetal`` flow lowers exactly like the stock ``portable`` flow (no delegat
 only swaps the run stage: the serialized ``.pte`` runs in ``etmetal.runtime`` instead of
 the stock C++ runtime, so the two flows differ in nothing but the runtime.
 
-The ``metal_host`` flow is delegated: ``MetalPartitioner`` for the ``host`` target lowers each case
-to AOTI ``.so`` delegates (with ``etmetal.backend_config()``), and etmetal's runtime runs
-the ``.pte`` through the Metal delegate (native code trusted: the suite compiled it here).
-The script reports how many of its passes really ran a delegated program and the most
-frequent failure causes (``--flows metal_host``).
-
-The ``metal_stock`` flow (``etmetal.testing.metal_stock_flow``) lowers the same way for
-upstream's runtime (``runtime="upstream"``) and runs the ``.pte`` in the stock runtime with
-etmetal's native ``MetalBackend`` registered (``etmetal.stock_runtime``).
+The ``metal_host`` and ``metal_stock`` flows are delegated (``etmetal.testing.metal_flows``):
+``MetalPartitioner`` for the ``host`` target lowers each case to AOTI ``.so`` delegates, run
+by etmetal's runtime (``metal_host``) or, lowered for upstream's runtime, by the stock
+runtime with etmetal's native ``MetalBackend`` registered (``metal_stock``). The script
+reports how many of their passes really ran a delegated program and the most frequent
+failure causes (``--flows metal_host metal_stock``).
 
 The ``cortex_m_host`` flow (``etmetal.testing.cortex_m_flow``) is upstream's ``cortex_m`` flow
 (quantize -> Cortex-M passes -> serialize) with the program run in etmetal's runtime instead
@@ -39,8 +36,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
-from etmetal.common.targets import HOST
 
 SEED_ENV = "ETMETAL_SUITE_SEED"
 DELEGATED_LOG_ENV = "ETMETAL_SUITE_DELEGATED_LOG"
@@ -73,74 +68,6 @@ def _make_flow():
     return TestFlow("etmetal", backend="etmetal", tester_factory=EtmetalTester, is_delegated=False)
 
 
-def _make_metal_host_flow():
-    """``metal_host``: delegated to ``MetalPartitioner`` for ``host``, run by etmetal."""
-    from executorch.backends.test.harness import Tester
-    from executorch.backends.test.harness.stages import (
-        Serialize,
-        StageType,
-        ToEdgeTransformAndLower,
-        ToExecutorch,
-    )
-    from executorch.backends.test.suite.flow import TestFlow
-    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
-    from torch.utils._pytree import tree_flatten
-
-    class MetalHostLower(ToEdgeTransformAndLower):
-        def __init__(self, partitioners=None, edge_compile_config=None):
-            from etmetal.backend.metal_partitioner import MetalPartitioner
-
-            # the stock stage keeps ``partitioners`` only when a default class is given too
-            super().__init__(
-                default_partitioner_cls=lambda: MetalPartitioner(target=HOST.name),
-                partitioners=partitioners,
-                edge_compile_config=edge_compile_config,
-            )
-
-    class MetalHostToExecutorch(ToExecutorch):
-        def __init__(self, config=None):
-            from etmetal.layout.config import backend_config
-
-            super().__init__(
-                config
-                or backend_config(
-                    extract_delegate_segments=True,
-                    sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
-                )
-            )
-
-    class MetalHostSerialize(Serialize):
-        """The stock Serialize stage, run by etmetal's runtime (native code trusted: the
-        suite built it on this machine)."""
-
-        def run_artifact(self, inputs):
-            from etmetal.runtime import Runtime
-
-            log = os.environ.get(DELEGATED_LOG_ENV)
-            if log:  # the suite serializes only delegated programs: record which ran
-                with open(log, "a") as f:
-                    f.write(os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0] + "\n")
-            flat, _ = tree_flatten(inputs)
-            program = Runtime.get().load_program(self.buffer, trust_native_code=True)
-            method = program.load_method("forward")
-            try:
-                return copy.deepcopy(method.execute(list(flat)))
-            finally:
-                method.destroy()
-
-    class MetalHostTester(Tester):
-        def __init__(self, module, example_inputs, dynamic_shapes=None):
-            stages = Tester.default_stage_classes()
-            stages[StageType.TO_EDGE_TRANSFORM_AND_LOWER] = MetalHostLower
-            stages[StageType.TO_EXECUTORCH] = MetalHostToExecutorch
-            stages[StageType.SERIALIZE] = MetalHostSerialize
-            super().__init__(module, example_inputs, stages, dynamic_shapes=dynamic_shapes)
-
-    return TestFlow(
-        "metal_host", backend="metal", tester_factory=MetalHostTester, is_delegated=True
-    )
-
-
 ETMETAL_TEST_FLOW = None
 METAL_HOST_TEST_FLOW = None
 METAL_STOCK_TEST_FLOW = None
@@ -163,13 +90,13 @@ def _install() -> None:
     import executorch.backends.test.suite.flow as flow_module
     from executorch.backends.test.suite import reporting
 
-    from etmetal.testing import metal_stock_flow
+    from etmetal.testing import metal_flows
 
     if getattr(flow_module.all_flows, "_etmetal", False):
         return
     ETMETAL_TEST_FLOW = _make_flow()
-    METAL_HOST_TEST_FLOW = _make_metal_host_flow()
-    METAL_STOCK_TEST_FLOW = metal_stock_flow.make_flow(DELEGATED_LOG_ENV)
+    METAL_HOST_TEST_FLOW = metal_flows.make_flow(metal_flows.METAL_HOST, DELEGATED_LOG_ENV)
+    METAL_STOCK_TEST_FLOW = metal_flows.make_flow(metal_flows.METAL_STOCK, DELEGATED_LOG_ENV)
     CORTEX_M_HOST_TEST_FLOW = _make_cortex_m_host_flow()
     stock_all_flows = flow_module.all_flows
 

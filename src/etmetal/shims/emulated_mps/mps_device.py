@@ -121,6 +121,9 @@ class MpsState:
     next_id: object = field(default_factory=lambda: itertools.count(1).__next__)
     native_launch: bool = True  # False: every launch through Python (a bench's per-kernel timing)
     native_callbacks: tuple = ()  # the C launch path's callbacks (native_launch), kept alive
+    # called with (ctx, state) when the checker's mode changes: the C launch path
+    # (native_launch, which builds on this module) adds its switch here
+    mode_hooks: list = field(default_factory=list)
 
 
 def mps_state(ctx) -> MpsState:
@@ -164,9 +167,8 @@ def set_metal_check(ctx, checks: str | list[str] | CheckMode | None) -> CheckMod
         raise ShimError(str(exc)) from None
     previous, st.check = st.check, mode
     _poison(ctx, st)
-    from . import native_launch  # it builds on this module: imported when first needed
-
-    native_launch.sync(ctx, st)  # a checked dispatch runs through Python
+    for hook in st.mode_hooks:  # a checked dispatch runs through Python
+        hook(ctx, st)
     return previous
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from etmetal.shims.emulated_mps.msl_parse import CALL_LIKE_KEYWORDS
+
 # The dispatcher's two synchronising calls (msl_abi.h), which every barrier and SIMD-group
 # operation of msl_sync.h reaches, plus Metal's own names in case a header spells them out.
 _ROOTS = re.compile(
@@ -21,25 +23,6 @@ _ROOTS = re.compile(
     r"|simdgroup_barrier|simd_\w+|quad_\w+)\b"
 )
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
-_NOT_A_FUNCTION = frozenset(
-    [
-        "if",
-        "for",
-        "while",
-        "switch",
-        "catch",
-        "return",
-        "sizeof",
-        "decltype",
-        "alignof",
-        "noexcept",
-        "requires",
-        "static_assert",
-        "defined",
-        "__attribute__",
-        "alignas",
-    ]
-)
 
 
 def _matching_back(text: str, close: int) -> int:
@@ -85,7 +68,7 @@ def function_bodies(text: str) -> dict[str, list[tuple[int, int]]]:
         nm = re.search(
             r"([A-Za-z_]\w*)\s*(?:<[^<>(){};]*>\s*)?$", text[max(0, open_ - 200) : open_]
         )
-        if not nm or nm.group(1) in _NOT_A_FUNCTION:
+        if not nm or nm.group(1) in CALL_LIKE_KEYWORDS:
             continue
         bodies.setdefault(nm.group(1), []).append((m.start(), _brace_end(text, m.start())))
     return bodies

@@ -25,7 +25,12 @@ import bisect
 import re
 from dataclasses import dataclass
 
-from etmetal.shims.emulated_mps.msl_parse import ParseError, _parse_param, _split_top
+from etmetal.shims.emulated_mps.msl_parse import (
+    CALL_LIKE_KEYWORDS,
+    ParseError,
+    _parse_param,
+    _split_top,
+)
 
 DEVICE_WORD = "__etm_device"
 READ, WRITE = 1, 2
@@ -40,21 +45,6 @@ _TOKEN = re.compile(
     re.M | re.X | re.S,
 )
 _MARKER = re.compile(r'^# (\d+) "([^"]*)"([ \d]*)$', re.M)
-_CONTROL = frozenset(
-    [
-        "if",
-        "for",
-        "while",
-        "switch",
-        "catch",
-        "return",
-        "sizeof",
-        "alignof",
-        "decltype",
-        "static_assert",
-        "noexcept",
-    ]
-)
 _AFTER_PARAMS = frozenset(["const", "noexcept", "override", "final", "mutable", "constexpr"])
 _COMPOUND = frozenset(["+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=", "++", "--"])
 _VALUE_END = frozenset({")", "]"})
@@ -180,7 +170,10 @@ class _Instrumenter:
             return None
         opening = self.match[j]
         before = self.toks[opening - 1] if opening > 0 else ("op", "", 0, 0)
-        if not (before[0] == "id" and before[1] not in _CONTROL) and before[1] not in (">", "]"):
+        if not (before[0] == "id" and before[1] not in CALL_LIKE_KEYWORDS) and before[1] not in (
+            ">",
+            "]",
+        ):
             return None
         head = opening - 1
         while head >= 0 and self.tok(head) not in (";", "{", "}"):
@@ -280,7 +273,7 @@ class _Instrumenter:
                 and (
                     prev2[1] in _VALUE_END
                     or prev2[0] in ("num", "lit")
-                    or (prev2[0] == "id" and prev2[1] not in _CONTROL)
+                    or (prev2[0] == "id" and prev2[1] not in CALL_LIKE_KEYWORDS)
                 )
             )
         ):

@@ -19,6 +19,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Thread-position attributes -> the field of etm_msl_thread (msl_abi.h) that carries them.
+# keywords followed by a parenthesized operand that are not calls of a function (the
+# classifier's call graph and the instrumenter's subscript scan both skip them)
+CALL_LIKE_KEYWORDS = frozenset(
+    [
+        "if",
+        "for",
+        "while",
+        "switch",
+        "catch",
+        "return",
+        "sizeof",
+        "alignof",
+        "alignas",
+        "decltype",
+        "static_assert",
+        "noexcept",
+        "requires",
+        "defined",
+        "__attribute__",
+    ]
+)
 POSITION_FIELDS = {
     "thread_position_in_grid": ("grid_pos", 3),
     "thread_position_in_threadgroup": ("tg_pos", 3),

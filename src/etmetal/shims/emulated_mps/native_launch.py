@@ -71,6 +71,8 @@ def sync(ctx, st: MpsState | None = None) -> None:
     if lib is None:
         return
     st = st or mps_state(ctx)
+    if sync not in st.mode_hooks:  # the checker's mode switches this path from now on
+        st.mode_hooks.append(sync)
     _bind_callbacks(ctx, st, lib)
     ctypes.c_uint64.in_dll(lib, "etm_mps_launch_limit").value = limits.launch_limit
     # as msl.py's own dispatch does per call; read here, at every function fetch
