@@ -89,10 +89,15 @@ def test_the_standard_of_the_msl_header_is_the_one_its_build_uses():
 
 @pytest.fixture(scope="module")
 def stock_generated(tmp_path_factory) -> Path:
-    """The includes ``stock_runtime.build`` generates, as its build writes them."""
+    """The includes the builds generate (the fallbacks' and ``stock_runtime.build``'s), as
+    the builds write them."""
+    from etmetal.shims import fallback_codegen
     from etmetal.stock_runtime import build
 
     directory = tmp_path_factory.mktemp("stock-generated")
+    # the generated fallbacks (shims/native_fallbacks.* include them), then the stock build's
+    for name, content in fallback_codegen.files().items():
+        (directory / name).write_bytes(content)
     (directory / "itemsizes.inc").write_bytes(build._itemsize_include())
     template = build._template_include(build.wrapper_template())
     (directory / "wrapper_template.inc").write_bytes(template)
@@ -100,6 +105,8 @@ def stock_generated(tmp_path_factory) -> Path:
 
 
 def _context(rel: str, request) -> tuple[str, ...]:
+    if rel.startswith("shims/native_fallbacks."):
+        return ("-I", str(request.getfixturevalue("stock_generated")))
     if rel.startswith("stock_runtime/"):
         from etmetal.stock_runtime.runner import executorch_compile_flags
 
@@ -139,7 +146,7 @@ def test_header_parts_are_included_by_the_header_checked_for_them(part: str):
     assert Path(part).name in included, f"{HEADER_PARTS[part]} no longer includes {part}"
 
 
-def test_the_bridge_fragment_compiles_in_the_bridge_prelude():
+def test_the_bridge_fragment_compiles_in_the_bridge_prelude(stock_generated):
     from etmetal.shims import bridge
     from etmetal.shims.emulated_mps import plugin
 
@@ -147,7 +154,9 @@ def test_the_bridge_fragment_compiles_in_the_bridge_prelude():
     source = bridge.generate_source({}, [plugin.DEVICE.bridge_source])
     for rel in sorted(BRIDGE_FRAGMENTS):
         assert (PACKAGE / rel).read_text() in source, f"{rel} is no longer in the bridge source"
-    proc = _compile(source, "c++", "-std=c++17", "-I", str(PACKAGE / "shims"))
+    proc = _compile(
+        source, "c++", "-std=c++17", "-I", str(PACKAGE / "shims"), "-I", str(stock_generated)
+    )
     assert proc.returncode == 0, f"the device's fragments in the bridge prelude:\n{proc.stderr}"
 
 

@@ -32,9 +32,10 @@ class StockLowered:
         return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def trusted():
-    """etmetal's backend registered, trusting native code (the tests' own programs)."""
+    """etmetal's backend registered, trusting native code (the tests' own programs); per
+    test, since other tests set the process-wide policy in between."""
     stock.register(trust_native_code=True)
     yield
     stock.register()

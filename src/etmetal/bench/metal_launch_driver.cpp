@@ -82,14 +82,16 @@ double etm_bench_metal_launch(const char* source, const char* kernel, int64_t n,
 // ns per dispatch of the same kernel made straight on the MSL executor's entry from native
 // code (no shim), `launches` times over `args` (the kernel's bound addresses), a 1-D grid of
 // n threads in groups of `group`. Negative if a dispatch failed.
-typedef int (*Dispatch)(void*, void* const*, const uint64_t*, const uint64_t*, char*, uint64_t);
-double etm_bench_metal_executor(void* dispatch, void* entry, void* const* args, int64_t n,
-                                int64_t group, int64_t launches) {
+// etm_msl_launch (msl_abi.h): entry, loop entry (NULL: fibers), args, grid, group, workers
+typedef int (*Dispatch)(void*, void*, void* const*, const uint64_t*, const uint64_t*, uint32_t,
+                        char*, uint64_t);
+double etm_bench_metal_executor(void* dispatch, void* entry, void* loop, void* const* args,
+                                int64_t n, int64_t group, int64_t launches) {
   const uint64_t threads[3] = {(uint64_t)n, 1, 1}, g[3] = {(uint64_t)group, 1, 1};
   char err[600];
   double t0 = now_ns();
   for (int64_t i = 0; i < launches; ++i) {
-    if (((Dispatch)dispatch)(entry, args, threads, g, err, sizeof(err)) != 0) return -1;
+    if (((Dispatch)dispatch)(entry, loop, args, threads, g, 1, err, sizeof(err)) != 0) return -1;
   }
   return (now_ns() - t0) / (double)launches;
 }

@@ -32,6 +32,7 @@ import functools
 from dataclasses import dataclass
 
 from etmetal.common.fallback_table import fallback_shims
+from etmetal.common.targets import HOST
 
 from . import abi
 from .abi_codes import DTYPE_CODES
@@ -143,7 +144,7 @@ def entries() -> tuple[Entry, ...]:
     """Every generated shim: the host fallbacks torch's ``c_shim_cpu.h`` declares (less
     the hand-written ones), then the utilities, in a fixed order."""
     found = []
-    for name in sorted(fallback_shims("host") - HAND_WRITTEN):
+    for name in sorted(fallback_shims(HOST.name) - HAND_WRITTEN):
         e = _entry(name)
         if e is not None:
             found.append(e)

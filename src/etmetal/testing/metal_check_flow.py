@@ -1,7 +1,7 @@
 """Models lowered for ``mps_emulated`` run under the Metal checker (``etmetal regress
 metal-check``): each must run clean (no fault) and still match eager PyTorch.
 
-For every model: lower it with ``target="mps_emulated"``, run it once unchecked and once under
+For every model: lower it for the emulated Metal target, run it once unchecked and once under
 ``memcheck,racecheck`` in report mode (the faults are collected, the run goes on), compare both
 outputs with eager, and time steady executes of both, taking turns (the median of ``repeats``
 each; the checked build of each kernel is compiled by the first checked run, untimed).
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from etmetal.backend.lowering import lower
+from etmetal.common.targets import MPS_EMULATED
 from etmetal.examples.demo import DEMO_MODELS, DEMO_MODELS_BY_NAME, get_demo
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.runtime import Runtime
@@ -23,7 +24,7 @@ from etmetal.shims import default_context
 from etmetal.shims.emulated_mps import mps_device
 from etmetal.shims.emulated_mps.msl import checked_accesses
 
-TARGET = "mps_emulated"
+TARGET = MPS_EMULATED.name
 MODE = "memcheck,racecheck,report"
 
 
