@@ -125,9 +125,9 @@ static int32_t etm_mps_start_encoding(etm_mps_fn* f) {
 }
 
 static int32_t etm_mps_index(etm_mps_fn* f, const char* shim, uint32_t idx) {
-  if (idx <= 30) return 0;
-  return etm_mps_error(shim, "kernel '%s': buffer index %u is outside Metal's [0, 30]", f->name,
-                       idx);
+  if (idx < ETM_MPS_SLOTS) return 0;
+  etm_mps_error(shim, "kernel '%s': buffer index %u is outside Metal's [0, 30]", f->name, idx);
+  return 1;  // spelled out: callers index f's slot arrays only after a 0 here
 }
 
 static const char* etm_mps_describe(const etm_mps_fn* f, uint32_t idx, char* out, size_t n) {
