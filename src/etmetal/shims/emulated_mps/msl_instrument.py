@@ -329,11 +329,10 @@ class _Instrumenter:
                 if scopes:
                     scopes.pop()
                     in_function.pop()
-            elif kind == "id" and in_function and in_function[-1]:
+            # (tokens in self.skip were rewritten already: left alone)
+            elif kind == "id" and in_function and in_function[-1] and i not in self.skip:
                 at_start = self.tok(i - 1) in (";", "{", "}", "")
-                if i in self.skip:
-                    pass
-                elif s == "threadgroup" and at_start:
+                if s == "threadgroup" and at_start:
                     self.threadgroup_declaration(i, scopes[-1])
                 elif s == DEVICE_WORD and (at_start or self.tok(i - 1) == "const"):
                     self.device_local(i, scopes[-1])
