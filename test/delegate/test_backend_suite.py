@@ -73,3 +73,26 @@ def test_metal_stock_flow_slice_passes_delegated_in_the_stock_runtime(tmp_path):
     assert len(results) >= 7
     assert {t: v for t, v in results.items() if v != "pass"} == {}, causes
     assert set(results) <= backend_suite.delegated_tests(tmp_path, "metal_stock")
+
+
+# broadcasting elementwise and a matmul on the emulated Metal device: Inductor's Metal
+# kernels and the device's mm fallback; one program each, since a cold emulated compile
+# (Metal wrapper and MSL kernels through g++) is slow
+EMULATED_SLICE = "(test_add_f32_bcast_first or test_linear_unbatched) and not dtype"
+
+
+def test_metal_emulated_flow_slice_passes_delegated_on_the_emulated_device(tmp_path):
+    """``metal_emulated``: the ``mps_emulated`` target, run by etmetal's runtime; the suite
+    compares against eager itself. Without the suite's per-case limits (120 s, which a cold
+    emulated compile on a busy machine can pass)."""
+    import executorch.backends.test.suite.flow as flow_module
+
+    assert "metal_emulated" in flow_module.all_flows()
+    results = backend_suite.run_flows(
+        ["metal_emulated"], tmp_path, keyword=EMULATED_SLICE, timeouts=False
+    )
+    results = results["metal_emulated"]
+    causes = backend_suite.failure_causes(tmp_path / "suite.xml", "metal_emulated")
+    assert len(results) >= 2
+    assert {t: v for t, v in results.items() if v != "pass"} == {}, causes
+    assert set(results) <= backend_suite.delegated_tests(tmp_path, "metal_emulated")

@@ -13,7 +13,7 @@ SUITES = {
     ),
     "backend-suite": (
         "etmetal.scripts.regress_backend_suite",
-        "ExecuTorch's backend conformance suite per flow (portable, etmetal, metal_host, metal_stock)",
+        "ExecuTorch's backend conformance suite per flow (portable, etmetal, metal_host, metal_stock, metal_emulated)",
     ),
     "sanitize": (
         "etmetal.scripts.regress_sanitize",

@@ -1,5 +1,5 @@
 """``etmetal regress backend-suite``: ExecuTorch's backend conformance suite once per flow
-(``portable``, ``etmetal``, ``metal_host``, ``metal_stock``; see :mod:`etmetal.testing.backend_suite`); prints
+(``portable``, ``etmetal``, ``metal_host``, ``metal_stock``, ``metal_emulated``; see :mod:`etmetal.testing.backend_suite`); prints
 pass/fail/skip counts, failure causes and every case that passes on one flow only."""
 
 from __future__ import annotations

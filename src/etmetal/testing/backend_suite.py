@@ -7,9 +7,10 @@ the stock C++ runtime, so the two flows differ in nothing but the runtime.
 The ``metal_host`` and ``metal_stock`` flows are delegated (``etmetal.testing.metal_flows``):
 ``MetalPartitioner`` for the ``host`` target lowers each case to AOTI ``.so`` delegates, run
 by etmetal's runtime (``metal_host``) or, lowered for upstream's runtime, by the stock
-runtime with etmetal's native ``MetalBackend`` registered (``metal_stock``). The script
+runtime with etmetal's native ``MetalBackend`` registered (``metal_stock``). The
+``metal_emulated`` flow is ``metal_host`` for the ``mps_emulated`` target. The script
 reports how many of their passes really ran a delegated program and the most frequent
-failure causes (``--flows metal_host metal_stock``).
+failure causes (``--flows metal_host metal_stock metal_emulated``).
 
 The ``cortex_m_host`` flow (``etmetal.testing.cortex_m_flow``) is upstream's ``cortex_m`` flow
 (quantize -> Cortex-M passes -> serialize) with the program run in etmetal's runtime instead
@@ -69,8 +70,7 @@ def _make_flow():
 
 
 ETMETAL_TEST_FLOW = None
-METAL_HOST_TEST_FLOW = None
-METAL_STOCK_TEST_FLOW = None
+METAL_TEST_FLOWS: dict = {}  # metal_flows.FLOW_NAMES -> TestFlow
 CORTEX_M_HOST_TEST_FLOW = None
 
 
@@ -86,7 +86,7 @@ def _make_cortex_m_host_flow():
 
 def _install() -> None:
     """Add the flow to the suite's registry and pin the input seed (plugin import time)."""
-    global ETMETAL_TEST_FLOW, METAL_HOST_TEST_FLOW, METAL_STOCK_TEST_FLOW, CORTEX_M_HOST_TEST_FLOW
+    global ETMETAL_TEST_FLOW, CORTEX_M_HOST_TEST_FLOW
     import executorch.backends.test.suite.flow as flow_module
     from executorch.backends.test.suite import reporting
 
@@ -95,16 +95,15 @@ def _install() -> None:
     if getattr(flow_module.all_flows, "_etmetal", False):
         return
     ETMETAL_TEST_FLOW = _make_flow()
-    METAL_HOST_TEST_FLOW = metal_flows.make_flow(metal_flows.METAL_HOST, DELEGATED_LOG_ENV)
-    METAL_STOCK_TEST_FLOW = metal_flows.make_flow(metal_flows.METAL_STOCK, DELEGATED_LOG_ENV)
+    for name in metal_flows.FLOW_NAMES:
+        METAL_TEST_FLOWS[name] = metal_flows.make_flow(name, DELEGATED_LOG_ENV)
     CORTEX_M_HOST_TEST_FLOW = _make_cortex_m_host_flow()
     stock_all_flows = flow_module.all_flows
 
     def all_flows():
         flows = stock_all_flows()
         flows[ETMETAL_TEST_FLOW.name] = ETMETAL_TEST_FLOW
-        flows[METAL_HOST_TEST_FLOW.name] = METAL_HOST_TEST_FLOW
-        flows[METAL_STOCK_TEST_FLOW.name] = METAL_STOCK_TEST_FLOW
+        flows.update(METAL_TEST_FLOWS)
         if CORTEX_M_HOST_TEST_FLOW is not None:
             flows[CORTEX_M_HOST_TEST_FLOW.name] = CORTEX_M_HOST_TEST_FLOW
         return flows

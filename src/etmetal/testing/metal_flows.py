@@ -1,8 +1,8 @@
-"""The delegated flows of ExecuTorch's backend conformance suite: ``metal_host`` and
-``metal_stock``, one factory for both.
+"""The delegated flows of ExecuTorch's backend conformance suite: ``metal_host``,
+``metal_stock`` and ``metal_emulated``, one factory for all three.
 
-Each lowers every case with ``MetalPartitioner`` for the ``host`` target and
-``etmetal.backend_config()``, and the two differ only where a user's deployment differs:
+Each lowers every case with ``MetalPartitioner`` and ``etmetal.backend_config()``, and they
+differ only where a user's deployment differs:
 
 - ``metal_host``: lowered for etmetal's runtime (the default ``runtime="etmetal"``: the proxy
   executor serves operators without a C shim, shared weights), run by ``etmetal.runtime``;
@@ -10,7 +10,10 @@ Each lowers every case with ``MetalPartitioner`` for the ``host`` target and
   so operators without a C shim stay with the portable kernels, one weights blob per
   partition), run by the suite's own Serialize stage, i.e. the stock runtime the pybind
   module wraps, after ``etmetal.stock_runtime.register`` has put etmetal's native
-  ``MetalBackend`` into it.
+  ``MetalBackend`` into it;
+- ``metal_emulated``: as ``metal_host``, for the ``mps_emulated`` target: Inductor's Metal
+  code on the emulated Metal device, so its counts next to ``metal_host``'s show what the
+  Metal lowering and the device do differently (issue 27).
 
 Native code is trusted in both: the suite compiled it on this machine. Every program a flow
 runs is recorded in the file ``$<delegated_log_env>`` names (the suite serializes only
@@ -23,10 +26,11 @@ import copy
 import os
 from collections.abc import Callable
 
-from etmetal.common.targets import HOST
+from etmetal.common.targets import HOST, MPS_EMULATED
 
 METAL_HOST = "metal_host"
 METAL_STOCK = "metal_stock"
+METAL_EMULATED = "metal_emulated"
 UPSTREAM_RUNTIME = "upstream"
 
 
@@ -53,15 +57,18 @@ def _run_in_stock_runtime(stage, inputs):
     return Serialize.run_artifact(stage, inputs)  # the stock stage, unchanged
 
 
-# flow name -> (the runtime its programs are lowered for, how its Serialize stage runs them)
-_FLOWS: dict[str, tuple[str | None, Callable]] = {
-    METAL_HOST: (None, _run_in_etmetal),
-    METAL_STOCK: (UPSTREAM_RUNTIME, _run_in_stock_runtime),
+# flow name -> (target, the runtime its programs are lowered for, how its Serialize stage
+# runs them)
+_FLOWS: dict[str, tuple[str, str | None, Callable]] = {
+    METAL_HOST: (HOST.name, None, _run_in_etmetal),
+    METAL_STOCK: (HOST.name, UPSTREAM_RUNTIME, _run_in_stock_runtime),
+    METAL_EMULATED: (MPS_EMULATED.name, None, _run_in_etmetal),
 }
+FLOW_NAMES = tuple(_FLOWS)
 
 
 def make_flow(name: str, delegated_log_env: str):
-    """The suite's ``TestFlow`` named ``name`` (``metal_host`` or ``metal_stock``)."""
+    """The suite's ``TestFlow`` named ``name`` (one of ``FLOW_NAMES``)."""
     from executorch.backends.test.harness import Tester
     from executorch.backends.test.harness.stages import (
         Serialize,
@@ -72,7 +79,7 @@ def make_flow(name: str, delegated_log_env: str):
     from executorch.backends.test.suite.flow import TestFlow
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
-    runtime, run = _FLOWS[name]
+    target, runtime, run = _FLOWS[name]
 
     class MetalLower(ToEdgeTransformAndLower):
         def __init__(self, partitioners=None, edge_compile_config=None):
@@ -80,7 +87,7 @@ def make_flow(name: str, delegated_log_env: str):
 
             # the stock stage keeps ``partitioners`` only when a default class is given too
             super().__init__(
-                default_partitioner_cls=lambda: MetalPartitioner(target=HOST.name, runtime=runtime),
+                default_partitioner_cls=lambda: MetalPartitioner(target=target, runtime=runtime),
                 partitioners=partitioners,
                 edge_compile_config=edge_compile_config,
             )
