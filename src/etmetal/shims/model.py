@@ -263,7 +263,8 @@ class AotiModel:
         try:
             self.num_inputs = self._size("AOTInductorModelContainerGetNumInputs")
             self.num_outputs = self._size("AOTInductorModelContainerGetNumOutputs")
-            # the one-call steady run lends host inputs only; other devices run the general way
+            # the one-call steady run lends host inputs, or the inputs of the emulated Metal
+            # device (host memory); other devices run the general way
             steady = (
                 SteadyRun(
                     self.context,
@@ -271,9 +272,10 @@ class AotiModel:
                     handle.value,
                     self.num_inputs,
                     self.num_outputs,
+                    self._device_type,
                 )
                 # (and passes no proxy executor: models with one run the general way)
-                if self.device == CPU_DEVICE and self._proxy is None
+                if self._device_type in (DEVICE_CPU, DEVICE_MPS) and self._proxy is None
                 else None
             )
             self._runner = ModelRunner(

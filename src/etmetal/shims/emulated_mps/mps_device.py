@@ -201,10 +201,11 @@ def _native_holds(ctx, ptr: int, nbytes: int) -> bool:
 
 
 def live_mps_storages(ctx) -> int:
-    """Live ``mps`` memory objects: storages with tensors on them plus ``mps_malloc`` buffers
-    (Python's and the bridge's)."""
+    """Live ``mps`` memory objects: storages with tensors on them (Python's and the bridge's
+    native ones) plus ``mps_malloc`` buffers (Python's and the bridge's)."""
     tensors = sum(1 for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS)
-    return tensors + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
+    native = _native_count(ctx, "etm_native_mps_stores")
+    return tensors + native + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
 
 
 def live_mps_bytes(ctx) -> int:
@@ -212,7 +213,21 @@ def live_mps_bytes(ctx) -> int:
         s.nbytes for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS and s.owned
     )
     python = sum(b.nbytes for b in mps_state(ctx).buffers.values())
-    return owned + python + _native_count(ctx, "etm_mps_buffer_bytes")
+    native = _native_count(ctx, "etm_native_mps_bytes")
+    return owned + native + python + _native_count(ctx, "etm_mps_buffer_bytes")
+
+
+def plain_memory(ctx) -> bool:
+    """True while ``ctx``'s mps memory may be allocated natively: the Metal checker is off
+    (in check mode new memory is poisoned and every launch goes through Python), also
+    when the checker's mode only waits in the environment for the device state."""
+    st = ctx.device_state.get(METAL_DEVICE)
+    if st is not None:
+        return st.check is None
+    try:
+        return mode_from_env() is None
+    except ValueError:
+        return False  # the state's creation reports it
 
 
 def take_unchecked_error(ctx) -> str:
