@@ -80,10 +80,7 @@ NATIVE_PATHS = {
 
 def _on_mps(host_path: str) -> str:
     """A host fallback's native path run on the records of the emulated Metal device."""
-    return (
-        "  { etm_mps_scope etm_scope_;\n    if (etm_scope_.on()) {\n"
-        f"{host_path}    }} }}\n"
-    )
+    return f"  {{ etm_mps_scope etm_scope_;\n    if (etm_scope_.on()) {{\n{host_path}    }} }}\n"
 
 
 def _fallback_paths() -> dict[str, str]:

@@ -205,7 +205,9 @@ def live_mps_storages(ctx) -> int:
     native ones) plus ``mps_malloc`` buffers (Python's and the bridge's)."""
     tensors = sum(1 for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS)
     native = _native_count(ctx, "etm_native_mps_stores")
-    return tensors + native + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
+    return (
+        tensors + native + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
+    )
 
 
 def live_mps_bytes(ctx) -> int:
