@@ -23,14 +23,10 @@ from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 
 TARGET = "mps_emulated"
-# the registry modules whose custom operators (torchao's int4 linear, metal::gather_qmv,
-# metal::gated_delta_rule) are still served by their Python shims on the emulated device
+# the registry modules whose custom operators (upstream's metal::gather_qmv and
+# metal::gated_delta_rule, computed by ExecuTorch's Python references) are still served by
+# their Python shims on the emulated device; torchao's int4 linear is C's
 PYTHON_CUSTOM_OPS = {
-    "linear_nobias_int4": "aoti_torch_mps__linear_fp_act_4bit_weight",
-    "linear_bias_int4": "aoti_torch_mps__linear_fp_act_4bit_weight",
-    "linear_int4_qmv_impl": "aoti_torch_mps__linear_fp_act_4bit_weight",
-    "linear_int4_qmv_impl_small_odd": "aoti_torch_mps__linear_fp_act_4bit_weight",
-    "linear_int4_qmv_impl_small_even": "aoti_torch_mps__linear_fp_act_4bit_weight",
     "gather_qmv": "aoti_torch_mps_gather_qmv",
     "gated_delta_rule": "aoti_torch_mps_gated_delta_rule",
 }

@@ -19,6 +19,8 @@ SOURCES = (
     HERE / "bridge_source.cpp",
     HERE / "mps_encoder.cpp",
     HERE / "mps_buffers.cpp",
+    # the int4 linear's kernel (the Python shim's, int4_kernel), for mps_fallbacks.cpp
+    HERE.parent / "int4_linear.c",
     HERE / "mps_fallbacks.cpp",
 )
 
@@ -103,6 +105,9 @@ def _fallback_paths() -> dict[str, str]:
     paths[sdpa + "_v2"] = native_fallbacks.served(
         "etm_mps_sdpa_math(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)"
     )
+    paths["aoti_torch_mps__linear_fp_act_4bit_weight"] = native_fallbacks.served(
+        "etm_mps_int4_linear(a0, a1, a2, a3, a4, a5)"
+    )
     paths["aoti_torch_mps_convolution"] = native_fallbacks.served(
         "etm_mps_convolution(a0, a1, a2, (const int64_t*)a3, a4, (const int64_t*)a5, a6, "
         "(const int64_t*)a7, a8, a9, (const int64_t*)a10, a11, a12, a13)"
@@ -115,12 +120,18 @@ NATIVE_PATHS.update(_fallback_paths())
 
 def attach(ctx) -> None:
     """Tell the loaded bridge of ``ctx`` the layout torch's mps convolution rule gives each
-    pair of input and weight layouts (``etm_mps_conv_rule``; mps_fallbacks.cpp)."""
+    pair of input and weight layouts (``etm_mps_conv_rule``) and up to how many rows the
+    int4 linear runs the dot-product kernel (mps_fallbacks.cpp)."""
     import torch
 
     from etmetal.shims.fallback_shims import mps_conv_memory_format
 
-    table = (ctypes.c_int64 * 4).in_dll(ctx.native.lib, "etm_mps_conv_rule")
+    from etmetal.shims import int4_kernel
+
+    lib = ctx.native.lib
+    ctypes.c_int64.in_dll(lib, "etm_mps_int4_dot_rows").value = int4_kernel.DOT_ROWS
+    ctypes.c_int64.in_dll(lib, "etm_mps_int4_tile_bytes").value = int4_kernel.TILE_BYTES
+    table = (ctypes.c_int64 * 4).in_dll(lib, "etm_mps_conv_rule")
     layouts = (torch.contiguous_format, torch.channels_last)
     for xl, x_format in enumerate(layouts):
         for wl, w_format in enumerate(layouts):
