@@ -11,8 +11,11 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import torch
+
 from etmetal.common.fallback_table import all_fallback_shims
-from etmetal.shims import abi, native_fallbacks
+from etmetal.shims import abi, int4_kernel, native_fallbacks
+from etmetal.shims.fallback_shims import mps_conv_memory_format
 
 HERE = Path(__file__).parent
 SOURCES = (
@@ -122,12 +125,6 @@ def attach(ctx) -> None:
     """Tell the loaded bridge of ``ctx`` the layout torch's mps convolution rule gives each
     pair of input and weight layouts (``etm_mps_conv_rule``) and up to how many rows the
     int4 linear runs the dot-product kernel (mps_fallbacks.cpp)."""
-    import torch
-
-    from etmetal.shims.fallback_shims import mps_conv_memory_format
-
-    from etmetal.shims import int4_kernel
-
     lib = ctx.native.lib
     ctypes.c_int64.in_dll(lib, "etm_mps_int4_dot_rows").value = int4_kernel.DOT_ROWS
     ctypes.c_int64.in_dll(lib, "etm_mps_int4_tile_bytes").value = int4_kernel.TILE_BYTES
