@@ -10,6 +10,7 @@ may reach Python. 10,000 executes leave RSS and live native storages flat.
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import pytest
@@ -244,3 +245,42 @@ def test_10000_executes_leave_rss_and_native_storages_flat(no_leaks):
     assert sum(p for _, p in counts.values()) == 0, counts
     assert counts["aoti_torch_mps_convolution"] == (10_000, 0)
     assert out[0].shape == module(*inputs).shape
+
+
+def test_bad_arguments_leave_c_for_the_python_shim_which_names_them(no_leaks):
+    """Called as a .so calls them: C serves what it is sure of, anything else reaches the
+    Python shim, which reports it by name (nothing is written, nothing leaks)."""
+    from etmetal.shims.abi_codes import DEVICE_MPS
+    from etmetal.shims.storage import Storage, tensor_from_torch
+
+    ctx = default_context()
+    bridge = ctx.load_bridge()
+    mm = bridge.c_function("aoti_torch_mps_mm_out")
+    int4 = bridge.c_function("aoti_torch_mps__linear_fp_act_4bit_weight")
+
+    def handle(t):
+        u = t.untyped_storage()
+        storage = Storage(u.data_ptr(), u.nbytes(), owned=False, device_type=DEVICE_MPS)
+        return ctx.register(tensor_from_torch(t, storage))
+
+    def served(name):
+        return bridge.shim_counts().get(name, (0, 0))
+
+    a, b, out = torch.randn(3, 4), torch.randn(4, 5), torch.zeros(3, 5)
+    packed = torch.randint(0, 255, (8, 32), dtype=torch.uint8)
+    scales, zeros = torch.ones(8, 2), torch.zeros(8, 2)
+    tensors = (a, b, out, torch.randn(2, 64), packed, scales, zeros)
+    ha, hb, ho, hx, hp, hs, hz = handles = [handle(t) for t in tensors]
+    try:
+        n0, p0 = served("aoti_torch_mps_mm_out")
+        assert mm(ho, ha, hb) == 0 and torch.equal(out, a @ b)
+        assert served("aoti_torch_mps_mm_out") == (n0 + 1, p0)  # served in C
+        assert mm(ho, hb, ha) == 1  # (4, 5) @ (3, 4)
+        assert "cannot multiply [4, 5] by [3, 4]" in ctx.last_error()
+        assert served("aoti_torch_mps_mm_out") == (n0 + 1, p0 + 1)
+        ret = ctypes.c_void_p()
+        assert int4(hx, hp, 48, hs, hz, ctypes.addressof(ret)) == 1 and not ret.value
+        assert "group_size must be one of" in ctx.last_error()
+    finally:
+        for h in handles:
+            ctx.unregister(h)
