@@ -174,6 +174,20 @@ ETM_EXPORT int32_t etm_native_disown(void* h) {
   r->native = 0;
   return 0;
 }
+// 1 if a live native record's storage (an allocation, libtorch's storage or borrowed
+// memory) holds [p, p + n): the emulated Metal device's copy checks in Python accept a
+// source only a native tensor knows (a scan of the native half: a rare, checked path)
+ETM_EXPORT int32_t etm_native_holds(uint64_t p, uint64_t n) {
+  if (p + n < p) return 0;
+  for (int64_t i = ETM_NPY; i < ETM_NREC; i++) {
+    const etm_rec* r = &etm_recs[i];
+    if (!r->live || r->native < 1 || r->native > 3 || r->dtype < 0 || r->dtype >= ETM_NDTYPES)
+      continue;
+    uint64_t base = (uint64_t)(intptr_t)etm_block_data(r);
+    if (p >= base && p + n <= base + (uint64_t)r->storage_bytes) return 1;
+  }
+  return 0;
+}
 // delete a native handle from Python (cleanup after a failed run); 1 if it is not native
 ETM_EXPORT int32_t etm_native_delete_handle(void* h) {
   etm_rec* r = etm_rec_of(h);

@@ -284,3 +284,37 @@ def test_bad_arguments_leave_c_for_the_python_shim_which_names_them(no_leaks):
     finally:
         for h in handles:
             ctx.unregister(h)
+
+
+def test_a_copy_from_a_native_mps_tensor_is_checked_against_its_storage(no_leaks):
+    """A copy source only a native record knows is accepted inside its storage and
+    refused past it, as a Python tensor's is."""
+    from etmetal.shims.abi_codes import DEVICE_MPS
+
+    ctx = default_context()
+    bridge = ctx.load_bridge()
+    empty = bridge.c_function("aoti_torch_empty_strided")
+    delete = bridge.c_function("aoti_torch_delete_tensor_object")
+    data_ptr = bridge.c_function("aoti_torch_get_data_ptr")
+    malloc, free = (
+        bridge.c_function("aoti_torch_mps_malloc"),
+        bridge.c_function("aoti_torch_mps_free"),
+    )
+    copy = bridge.c_function("aoti_torch_mps_copy_buffer")
+    sizes = (ctypes.c_int64 * 1)(64)
+    handle, ptr, buf = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    assert empty(1, sizes, None, 6, DEVICE_MPS, 0, ctypes.addressof(handle)) == 0
+    try:
+        assert ctx.native.read(handle.value).device_type == DEVICE_MPS  # a native mps record
+        assert data_ptr(handle, ctypes.addressof(ptr)) == 0
+        ctypes.memmove(ptr.value, bytes(range(256)), 256)
+        assert malloc(ctypes.addressof(buf), 256) == 0
+        try:
+            assert copy(ptr, buf, 256, 0, 0) == 0
+            assert ctypes.string_at(buf.value, 256) == bytes(range(256))
+            assert copy(ptr, buf, 256, 8, 0) == 1  # 8 bytes past the tensor's storage
+            assert "not inside" in ctx.last_error()
+        finally:
+            assert free(buf) == 0
+    finally:
+        assert delete(handle) == 0

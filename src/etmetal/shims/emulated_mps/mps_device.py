@@ -287,6 +287,9 @@ def _source_span(ctx, ptr: int, nbytes: int, what: str) -> None:
     for s in ctx.live_storages.values():
         if s.ptr <= ptr and end <= s.ptr + s.nbytes:
             return
+    lib = _native_buffers(ctx)  # a live tensor of the bridge's native records
+    if lib is not None and lib.etm_native_holds(ctypes.c_uint64(ptr), ctypes.c_uint64(nbytes)):
+        return
     raise ShimError(
         f"{what}: bytes [{ptr:#x}, +{nbytes}) are not inside the model's weights blob, a "
         "buffer from aoti_torch_mps_malloc or a live tensor (an offset past the source?)"
