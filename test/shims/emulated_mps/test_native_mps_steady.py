@@ -318,3 +318,37 @@ def test_a_copy_from_a_native_mps_tensor_is_checked_against_its_storage(no_leaks
             assert free(buf) == 0
     finally:
         assert delete(handle) == 0
+
+
+@pytest.mark.parametrize("shims", ["native", "python"])
+def test_an_mps_scan_runs_the_host_path_and_its_result_is_an_mps_tensor(shims, no_leaks):
+    """``aoti_torch_mps_cumsum`` on the host's generated path: served in C natively, by the
+    Python shim for the reference; the same bits and an mps result either way."""
+    from etmetal.shims.abi_codes import DEVICE_MPS
+    from etmetal.shims.storage import Storage, tensor_from_torch
+
+    ctx = default_context()
+    bridge = ctx.load_bridge()
+    cumsum = bridge.c_function("aoti_torch_mps_cumsum")
+    device_type = bridge.c_function("aoti_torch_get_device_type")
+    x = torch.randn(4, 33)
+    u = x.untyped_storage()
+    hx = ctx.register(
+        tensor_from_torch(x, Storage(u.data_ptr(), u.nbytes(), owned=False, device_type=DEVICE_MPS))
+    )
+    previous = ctx.set_implementation(shims)
+    ret, dev = ctypes.c_void_p(), ctypes.c_int32()
+    try:
+        before = bridge.shim_counts().get("aoti_torch_mps_cumsum", (0, 0))
+        assert cumsum(hx, 1, None, ctypes.addressof(ret)) == 0
+        after = bridge.shim_counts()["aoti_torch_mps_cumsum"]
+        assert (after[0] - before[0], after[1] - before[1]) == (
+            (1, 0) if shims == "native" else (0, 1)
+        )
+        assert device_type(ret, ctypes.addressof(dev)) == 0 and dev.value == DEVICE_MPS
+        assert torch.equal(ctx.lookup(ret.value).torch(), torch.cumsum(x, 1))
+    finally:
+        ctx.set_implementation(previous)
+        if ret.value:
+            ctx.unregister(ret.value)
+        ctx.unregister(hx)
