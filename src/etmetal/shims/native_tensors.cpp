@@ -244,7 +244,8 @@ int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides,
   int64_t limit = device_type == 0 ? etm_native_limit
                   : device_type == ETM_DEVICE_MPS ? etm_native_mps_limit
                                                   : 0;
-  if (limit <= 0 || !ret || ndim < 0 || ndim > ETM_MAX_DIMS || (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
+  if (limit <= 0 || !ret || ndim < 0 || ndim > ETM_MAX_DIMS ||
+      (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
       !etm_itemsize[dtype] || (ndim && !sizes))
     return 0;
   int64_t st[ETM_MAX_DIMS], numel, extent, acc = 1;
