@@ -18,8 +18,9 @@ alters (the flatbuffer, the processed bytes, the compile specs, the weights and 
 reaches the native code paths as a trusted program's would.
 
 Outcomes as in the Python campaign: ``error`` (the runtime refused with its error),
-``correct`` (ran and matches eager), ``ran`` (an altered but valid program ran), ``BAD``
-(any other exception); a crash or hang is charged by the parent
+``correct`` (ran and matches eager), ``ran`` (an altered but valid program ran and gave,
+bit for bit, what etmetal's Python runtime gives for the same bytes), ``BAD`` (any other
+exception, or a disagreement with that reference); a crash or hang is charged by the parent
 (:func:`etmetal.testing.fuzz.run_campaign`).
 """
 
@@ -78,7 +79,39 @@ def run_program(seed: StockSeed, data: bytes) -> tuple[str, str]:
     finally:
         method = program = None  # destroy the delegate before the next case
         gc.collect()
-    return ("correct", "") if fuzz_worker._close(outputs, seed.expected) else ("ran", "")
+    if fuzz_worker._close(outputs, seed.expected):
+        return "correct", ""
+    return _same_as_reference(data, seed, outputs)
+
+
+def _same_as_reference(data: bytes, seed: StockSeed, outputs: list) -> tuple[str, str]:
+    """An altered program that ran (other weights, say) must give what etmetal's Python
+    runtime, the reference implementation, gives for the same bytes, bit for bit: reading
+    the same constants through the same ``.so`` (one of the seeds', trusted by digest, so
+    loading it here is as safe as in the stock runtime) leaves no room for a difference."""
+    from etmetal.runtime import EtmetalRuntimeError, Runtime
+
+    try:
+        method = Runtime.get().load_program(data, trust_native_code=True).load_method("forward")
+        try:
+            want = method.execute(list(seed.inputs))
+        finally:
+            method.destroy()
+    except EtmetalRuntimeError as exc:
+        return "BAD", f"the stock runtime ran what etmetal's runtime refuses: {exc}"[:500]
+    same = len(want) == len(outputs) and all(map(_identical, outputs, want))
+    return ("ran", "") if same else ("BAD", "the stock runtime's outputs differ from etmetal's")
+
+
+def _identical(a, b) -> bool:
+    """Equal bit for bit, a NaN where the other has a NaN (altered weights can make them)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.dtype.is_floating_point:
+        return torch.equal(a, b)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
 def mutant(seed: StockSeed, kind: str, rng: random.Random) -> bytes:
