@@ -59,6 +59,12 @@ void etm_msl_threadgroup_barrier(void);
 // different keys are a divergence error).
 etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_t key);
 
+// Called by a split kernel's entry (msl_split.py), which runs a threadgroup as loops over its
+// threads between the statements that synchronise: runs one such statement for every thread of
+// the threadgroup `group` describes as fibers, each calling `entry(closure, thread)`. A failure
+// (a deadlock, divergent SIMD operations) ends the whole threadgroup with its message.
+void etm_msl_fiber_phase(const etm_msl_thread* group, etm_msl_entry entry, void* const* closure);
+
 // Called from Python: runs `entry` over the grid. threads/group are 3 sizes each.
 // Returns 0, or nonzero with a message in err.
 int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,

@@ -387,6 +387,66 @@ struct Launch {
   uint32_t per_group;
 };
 
+// Runs the threads of the threadgroup `base` describes (tg_id, tg_size, dispatch_tg_size and
+// the per-group counts) as fibers, each calling `entry(args, thread)`. Returns 0, or 1 with
+// the message in w.scratch.message.
+int run_fibers(Worker& w, const etm_msl_thread& base, etm_msl_entry entry, void* const* args) {
+  const uint32_t* size = base.tg_size;
+  const uint32_t n = size[0] * size[1] * size[2];
+  const uint32_t nsimd = (n + kWidth - 1) / kWidth;
+  const uint32_t per_group =
+      base.dispatch_tg_size[0] * base.dispatch_tg_size[1] * base.dispatch_tg_size[2];
+  // The group's bookkeeping is kept per OS thread and only grows: a dispatch allocates nothing.
+  Group& g = w.scratch;
+  g.entry = entry;
+  g.args = args;
+  if (g.threads.size() < per_group) g.threads.resize(per_group);
+  if (g.simds.size() < (per_group + kWidth - 1) / kWidth)
+    g.simds.resize((per_group + kWidth - 1) / kWidth);
+  g.runnable.reserve(per_group);
+  g.n = n;
+  g.nsimd = nsimd;
+  g.started = 0;
+  g.live = n;
+  g.at_barrier = 0;
+  g.failed = false;
+  g.runnable.clear();
+  for (uint32_t s = 0; s < nsimd; s++) {
+    SimdGroup& sg = g.simds[s];
+    sg.live = (s + 1) * kWidth <= n ? kWidth : n - s * kWidth;
+    sg.waiting = 0;
+    sg.wait_mask = 0;
+    sg.key = 0;
+    sg.mismatch = false;
+    sg.phase = 0;
+  }
+  uint32_t p[3] = {0, 0, 0};  // the position in the threadgroup, x fastest
+  for (uint32_t i = 0; i < n; i++) {
+    Thread& th = g.threads[i];
+    etm_msl_thread& t = th.info;
+    t = base;
+    for (int d = 0; d < 3; d++) {
+      t.tg_pos[d] = p[d];
+      t.grid_pos[d] = base.tg_id[d] * base.dispatch_tg_size[d] + p[d];
+    }
+    if (++p[0] == size[0]) {
+      p[0] = 0;
+      if (++p[1] == size[1]) p[1] = 0, p[2]++;
+    }
+    t.index_in_tg = i;
+    t.lane = i % kWidth;
+    t.simd_index = i / kWidth;
+    t.quad_index = i / 4;
+    t.lane_in_quad = i % 4;
+    th.state = 0;
+    th.fiber = nullptr;
+    th.result_phase = 0;
+    th.result_active = 0;
+  }
+  if (w.checker) check_group_begin(w.checker);
+  return run_group(w, &g);
+}
+
 // Runs threadgroup `index` (x fastest) of `L` on this OS thread. Returns 0, or 1 with the
 // message in err.
 int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint64_t err_len) {
@@ -413,68 +473,29 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
   base.dispatch_simds_per_tg = (L.per_group + kWidth - 1) / kWidth;
   base.quads_per_tg = (n + 3) / 4;
   if (L.loop) {
+    // a loop entry, or a split one (msl_split.py): its statements that synchronise call
+    // etm_msl_fiber_phase, which leaves through `escape` (2) when their fibers fail
     w.looping = true;
-    if (setjmp(w.escape) == 0) {
+    const int escaped = setjmp(w.escape);
+    if (escaped == 0) {
       L.loop(L.args, &base);
       w.looping = false;
       return 0;
     }
     w.looping = false;
+    if (escaped == 2) {
+      snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2],
+               w.scratch.message);
+      return 1;
+    }
     snprintf(err, err_len, "threadgroup (%u, %u, %u): a thread reached a threadgroup barrier "
-             "or SIMD-group operation in a kernel classified as never synchronising (an "
-             "etmetal bug: msl_classify.py)", gid[0], gid[1], gid[2]);
+             "or SIMD-group operation outside the statements that may synchronise (an "
+             "etmetal bug: msl_classify.py, msl_split.py)", gid[0], gid[1], gid[2]);
     return 1;
   }
-  // The group's bookkeeping is kept per OS thread and only grows: a dispatch allocates nothing.
-  Group& g = w.scratch;
-  g.entry = L.entry;
-  g.args = L.args;
-  if (g.threads.size() < L.per_group) g.threads.resize(L.per_group);
-  if (g.simds.size() < (L.per_group + kWidth - 1) / kWidth)
-    g.simds.resize((L.per_group + kWidth - 1) / kWidth);
-  g.runnable.reserve(L.per_group);
-  g.n = n;
-  g.nsimd = nsimd;
-  g.started = 0;
-  g.live = n;
-  g.at_barrier = 0;
-  g.failed = false;
-  g.runnable.clear();
-  for (uint32_t s = 0; s < nsimd; s++) {
-    SimdGroup& sg = g.simds[s];
-    sg.live = (s + 1) * kWidth <= n ? kWidth : n - s * kWidth;
-    sg.waiting = 0;
-    sg.wait_mask = 0;
-    sg.key = 0;
-    sg.mismatch = false;
-    sg.phase = 0;
-  }
-  uint32_t p[3] = {0, 0, 0};  // the position in the threadgroup, x fastest
-  for (uint32_t i = 0; i < n; i++) {
-    Thread& th = g.threads[i];
-    etm_msl_thread& t = th.info;
-    t = base;
-    for (int d = 0; d < 3; d++) {
-      t.tg_pos[d] = p[d];
-      t.grid_pos[d] = uint32_t(gid[d] * L.group[d] + p[d]);
-    }
-    if (++p[0] == size[0]) {
-      p[0] = 0;
-      if (++p[1] == size[1]) p[1] = 0, p[2]++;
-    }
-    t.index_in_tg = i;
-    t.lane = i % kWidth;
-    t.simd_index = i / kWidth;
-    t.quad_index = i / 4;
-    t.lane_in_quad = i % 4;
-    th.state = 0;
-    th.fiber = nullptr;
-    th.result_phase = 0;
-    th.result_active = 0;
-  }
-  if (w.checker) check_group_begin(w.checker);
-  if (run_group(w, &g) != 0) {
-    snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2], g.message);
+  if (run_fibers(w, base, L.entry, L.args) != 0) {
+    snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2],
+             w.scratch.message);
     return 1;
   }
   return 0;
@@ -546,6 +567,20 @@ etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_
   e.active = th.result_active;
   e.lane = lane;
   return e;
+}
+
+void etm_msl_fiber_phase(const etm_msl_thread* group, etm_msl_entry entry, void* const* closure) {
+  Worker& w = worker();
+  if (!w.looping || w.group != nullptr) {
+    // only a split entry run by the dispatcher calls this (msl_split.py)
+    fail(&w.scratch, "a fiber phase outside a split kernel's threadgroup");
+    if (w.looping) longjmp(w.escape, 2);
+    __builtin_trap();
+  }
+  w.looping = false;
+  const int rc = run_fibers(w, *group, entry, closure);
+  w.looping = true;
+  if (rc != 0) longjmp(w.escape, 2);
 }
 
 int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,
