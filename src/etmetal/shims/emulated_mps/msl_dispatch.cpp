@@ -489,8 +489,9 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
       return 1;
     }
     snprintf(err, err_len, "threadgroup (%u, %u, %u): a thread reached a threadgroup barrier "
-             "or SIMD-group operation outside the statements that may synchronise (an "
-             "etmetal bug: msl_classify.py, msl_split.py)", gid[0], gid[1], gid[2]);
+             "or SIMD-group operation in a kernel classified as never synchronising, or "
+             "outside the statements a split kernel runs on fibers (an etmetal bug: "
+             "msl_classify.py, msl_split.py)", gid[0], gid[1], gid[2]);
     return 1;
   }
   if (run_fibers(w, base, L.entry, L.args) != 0) {
