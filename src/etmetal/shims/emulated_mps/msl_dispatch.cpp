@@ -130,6 +130,15 @@ void check_barrier(Checker* c);
 struct Worker {
   Checker* checker = nullptr;
   bool looping = false;  // running a loop entry: no fiber to block
+  // etm_msl_lockstep: SIMD operations served from tables without blocking. Operation j of a
+  // call: j < ls_pass is answered with every lane's recorded operand, j == ls_pass records
+  // the caller's, a later one answers as if the lane were alone (its result is discarded)
+  static constexpr uint32_t kMaxLockstepOps = 8;
+  bool ls_on = false, ls_bad = false;
+  uint32_t ls_pass = 0, ls_lane = 0, ls_active = 0, ls_count = 0;
+  uint32_t ls_key[kMaxLockstepOps] = {}, ls_rec[kMaxLockstepOps] = {};
+  alignas(64) unsigned char ls_slots[kMaxLockstepOps][kWidth][ETM_MSL_SLOT_BYTES];
+  alignas(64) unsigned char ls_alone[kWidth][ETM_MSL_SLOT_BYTES];
   jmp_buf escape;        // where a loop-run thread that synchronises is stopped
   std::vector<Fiber*> fibers;  // all fibers this OS thread owns
   std::vector<Fiber*> free_fibers;
@@ -541,6 +550,33 @@ static void park_if_failed(Worker& w) {
 
 etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_t key) {
   Worker& w = worker();
+  if (w.ls_on) {
+    const uint32_t j = w.ls_count++, lane = w.ls_lane;
+    etm_msl_exchange e;
+    e.lane = lane;
+    if (j < w.ls_pass && j < Worker::kMaxLockstepOps) {
+      // exact: every active lane recorded this operation, with the same kind
+      if (w.ls_key[j] != key || w.ls_rec[j] != w.ls_active) w.ls_bad = true;
+      e.slots = &w.ls_slots[j][0][0];
+      e.active = w.ls_active;
+      return e;
+    }
+    if (j == w.ls_pass && j < Worker::kMaxLockstepOps) {
+      memcpy(w.ls_slots[j][lane], value, size);
+      if (w.ls_rec[j] == 0)
+        w.ls_key[j] = key;
+      else if (w.ls_key[j] != key)
+        w.ls_bad = true;
+      w.ls_rec[j] |= 1u << lane;
+      e.slots = &w.ls_slots[j][0][0];
+    } else {
+      if (j >= Worker::kMaxLockstepOps) w.ls_bad = true;
+      memcpy(w.ls_alone[lane], value, size);
+      e.slots = &w.ls_alone[0][0];
+    }
+    e.active = 1u << lane;
+    return e;
+  }
   if (w.looping) escape_loop(w);
   Group* g = w.group;
   int32_t self = w.current;
@@ -582,6 +618,25 @@ void etm_msl_fiber_phase(const etm_msl_thread* group, etm_msl_entry entry, void*
   const int rc = run_fibers(w, *group, entry, closure);
   w.looping = true;
   if (rc != 0) longjmp(w.escape, 2);
+}
+
+void etm_msl_lockstep(uint32_t pass, uint32_t lane, uint32_t active) {
+  Worker& w = worker();
+  if (pass == 0 && lane == uint32_t(__builtin_ctz(active | 0x80000000u))) {
+    for (uint32_t j = 0; j < Worker::kMaxLockstepOps; j++) w.ls_rec[j] = w.ls_key[j] = 0;
+    w.ls_bad = false;
+  }
+  w.ls_on = true;
+  w.ls_pass = pass;
+  w.ls_lane = lane;
+  w.ls_active = active;
+  w.ls_count = 0;
+}
+
+uint32_t etm_msl_lockstep_end(void) {
+  Worker& w = worker();
+  w.ls_on = false;
+  return w.ls_bad ? UINT32_MAX : w.ls_count;
 }
 
 int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,

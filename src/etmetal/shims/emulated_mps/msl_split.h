@@ -81,4 +81,87 @@ inline void fibers(const etm_msl_thread* g, F& body) {
   etm_msl_fiber_phase(g, &phase_entry<F>, reinterpret_cast<void* const*>(&body));
 }
 
+// ---- c10's threadgroup reductions with the lanes of each SIMD group in lockstep ------------
+// A pure function `simd` of one operand that makes SIMD operations (the one a c10 helper calls,
+// msl_split.py's NAME__etm_simd), run for the active lanes of one SIMD group without fibers,
+// by replay: pass p runs every lane with operations before p answered exactly and records
+// operation p's operands; a last pass, every answer exact, gives each lane's result. False
+// (fall back to fibers) if an answer could not be exact or lanes made different operations.
+template <class D>
+struct tg_arg {
+  D val;
+  unsigned idx;
+};
+
+template <class D, class S>
+inline bool lockstep(S& simd, const D* vals, uint32_t active, D* results) {
+  constexpr uint32_t W = ETM_MSL_SIMD_WIDTH;
+  for (uint32_t p = 0;; p++) {
+    uint32_t most = 0;
+    for (uint32_t l = 0; l < W; l++) {
+      if (!((active >> l) & 1u)) continue;
+      etm_msl_lockstep(p, l, active);
+      (void)simd(vals[l]);
+      const uint32_t c = etm_msl_lockstep_end();
+      if (c == UINT32_MAX) return false;
+      most = c > most ? c : most;
+    }
+    if (most <= p + 1) break;  // operation p was the last any lane reached
+  }
+  uint32_t count = UINT32_MAX;
+  for (uint32_t l = 0; l < W; l++) {
+    if (!((active >> l) & 1u)) continue;
+    etm_msl_lockstep(UINT32_MAX, l, active);
+    results[l] = simd(vals[l]);
+    const uint32_t c = etm_msl_lockstep_end();
+    if (c == UINT32_MAX || (count != UINT32_MAX && c != count)) return false;
+    count = c;
+  }
+  return true;
+}
+
+// c10's threadgroup_{sum,prod,max,min}(data, val, idx, size) for the n threads of a threadgroup
+// at once (args[t]: thread t's val and idx; size the same for all), each thread's result in
+// out[t]. Its steps are the helper's: SIMD group reductions stored by lanes whose idx is a
+// multiple of 32; if size > 32, a barrier, then the threads with idx below the number of
+// SIMD groups reduce those (their SIMD groups' active lanes) and idx 0 stores the total; a
+// barrier; every thread reads data[0]. Returns false, having done nothing, when `simd` is not
+// a single SIMD operation.
+template <class D, class S>
+inline bool tg_reduce(D* data, const tg_arg<D>* args, uint32_t n, unsigned size, S simd, D* out) {
+  constexpr uint32_t W = ETM_MSL_SIMD_WIDTH;
+  const uint32_t nsimd = (n + W - 1) / W;
+  D vals[W], res[W];
+  // a fallback after stores is still exact: the helper stores each slot before reading it
+  for (uint32_t s = 0; s < nsimd; s++) {
+    const uint32_t base = s * W, cnt = n - base < W ? n - base : W;
+    const uint32_t active = cnt == W ? 0xffffffffu : ((1u << cnt) - 1u);
+    for (uint32_t l = 0; l < cnt; l++) vals[l] = args[base + l].val;
+    if (!lockstep(simd, vals, active, res)) return false;
+    for (uint32_t l = 0; l < cnt; l++)
+      if (args[base + l].idx % W == 0) data[args[base + l].idx / W] = res[l];
+  }
+  if (size > W) {  // after the barrier: every store above is seen
+    const unsigned used = (size + W - 1) / W;
+    D* stage = out;  // the second stage's operands, all read before any store
+    for (uint32_t t = 0; t < n; t++)
+      if (args[t].idx < used) stage[t] = data[args[t].idx];
+    for (uint32_t s = 0; s < nsimd; s++) {
+      const uint32_t base = s * W, cnt = n - base < W ? n - base : W;
+      uint32_t active = 0;
+      for (uint32_t l = 0; l < cnt; l++) {
+        if (args[base + l].idx >= used) continue;
+        active |= 1u << l;
+        vals[l] = stage[base + l];
+      }
+      if (active == 0) continue;
+      if (!lockstep(simd, vals, active, res)) return false;
+      for (uint32_t l = 0; l < cnt; l++)
+        if (((active >> l) & 1u) && args[base + l].idx == 0) data[0] = res[l];
+    }
+  }
+  for (uint32_t t = 0; t < n; t++) out[t] = data[0];  // after the last barrier
+  return true;
+}
+
 }  // namespace etm::split

@@ -26,6 +26,7 @@ not compile, the library is built again without it (``msl_compiler``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -45,6 +46,15 @@ _DECL = re.compile(
     r"(?P<after>=(?!=)|;|\[|\{|\()",
     re.S,
 )
+# c10's threadgroup reductions run with the SIMD lanes in lockstep (msl_split.h's tg_reduce):
+# helper -> (the SIMD operation it calls, digests of the bodies tg_reduce follows). A helper
+# whose text differs (another torch) is not recognised and its statement runs on fibers.
+LOCKSTEP = {
+    "threadgroup_sum": ("simd_sum", {"f4c78ec2ebe9ea38"}),
+    "threadgroup_prod": ("simd_prod", {"eb91526bb8be4022"}),
+    "threadgroup_max": ("simd_max", {"11157ee8b2e093d5"}),
+    "threadgroup_min": ("simd_min", {"7af72b68edbf8bec"}),
+}
 # an assignment (or ++/--) whose target ends in `name`, a member or a subscript of it
 _ASSIGN_OPS = r"(?:=(?!=)|[-+*/%&|^]=|<<=|>>=|\+\+|--)"
 
@@ -57,7 +67,8 @@ class Statement:
     decl_type: str = ""
     array: bool = False  # declares an array
     threadgroup: bool = False  # threadgroup memory: one per threadgroup, hoisted
-    kind: str = "plain"  # plain, barrier, uniform (a uniform helper), fibers
+    kind: str = "plain"  # plain, barrier, uniform (a uniform helper), lockstep, fibers
+    call: tuple[str, str, list[str]] = ("", "", [])  # lockstep: qualifier, helper, arguments
 
 
 @dataclass
@@ -66,6 +77,7 @@ class SplitPlan:
     reason: str = ""
     code: str = ""  # the split function (after the kernel's definition)
     helpers: dict[str, str] = field(default_factory=dict)  # helper name -> its uniform copy
+    lockstep: set[str] = field(default_factory=set)  # c10 reductions it runs in lockstep
 
 
 def statements(body: str) -> list[str]:
@@ -234,6 +246,7 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
     locals_ = {st.declares for st in sts if st.declares and not st.threadgroup}
     positions = {p.name for p in kernel.params if p.position}
     helpers: dict[str, str] = {}
+    lockstep: set[str] = set()
     fiber_notes = []
     shared: set[str] = set()  # uniform values: one per threadgroup, at the group's scope
     for i, st in enumerate(sts):
@@ -245,9 +258,15 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
             st.kind = "barrier"
             continue
         whole = re.fullmatch(
-            r"(?:[^=;]*?=)?\s*(?:::)?(?:\w+::)*([A-Za-z_]\w*)\s*\((?P<args>.*)\)\s*;", st.text, re.S
+            r"(?:[^=;]*?=)?\s*(?P<qual>(?:::)?(?:\w+::)*)([A-Za-z_]\w*)\s*\((?P<args>.*)\)\s*;",
+            st.text,
+            re.S,
         )
-        name = whole.group(1) if whole else ""
+        name = whole.group(2) if whole else ""
+        if whole and _lockstep_call(st, whole, name, text, bodies, locals_ | positions):
+            st.kind = "lockstep"
+            lockstep.add(name)
+            continue
         if whole and name in tainted and name not in helpers:
             copies = uniform_copy(name, text, bodies, tainted)
             if copies:
@@ -301,7 +320,75 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
                                  "array or a reference")  # fmt: skip
     code = _split_function(kernel, sts, segments, live, shared, helpers)
     reason = "; ".join(fiber_notes)
-    return SplitPlan("split", reason, code, helpers)
+    return SplitPlan("split", reason, code, helpers, lockstep)
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(re.sub(r"\s+", " ", body).encode()).hexdigest()[:16]
+
+
+def _lockstep_call(st: Statement, whole: re.Match, name: str, text, bodies, varying) -> bool:
+    """Whether ``st`` calls a recognised c10 reduction that tg_reduce can run: every definition
+    of it is the known text, its data array and size are the same for every thread, and the
+    value and index have no effects (they are evaluated once more should it fall back)."""
+    if name not in LOCKSTEP or (st.declares and (st.array or "&" in st.decl_type)):
+        return False
+    defs = bodies.get(name, [])
+    if not defs or any(_digest(text[a : b + 1]) not in LOCKSTEP[name][1] for a, b in defs):
+        return False
+    args = [x.strip() for x in _split_top(whole.group("args"))]
+    if len(args) != 4:
+        return False
+    data, val, idx, size = args
+    if not set(_IDENT.findall(data + " " + size)).isdisjoint(varying):
+        return False
+    if any(re.search(_ASSIGN_OPS, x) for x in (val, idx)) or not re.fullmatch(r"[\w:.]+", data):
+        return False
+    st.call = (whole.group("qual"), name, args)
+    return True
+
+
+def simd_wrapper(name: str) -> str:
+    """The SIMD operation ``name`` calls, as it calls it (inserted after its definition, so
+    the same overloads are visible), for tg_reduce."""
+    op = LOCKSTEP[name][0]
+    return f"template <class D> inline D {name}__etm_simd(D v) {{ return D({op}(v)); }}"
+
+
+def _lockstep_lines(k, prev, st, binds, bind_in, inp, call, last, live) -> list[str]:
+    """A c10 reduction's statement with its lanes in lockstep: each thread's value and index
+    in a loop, tg_reduce, then the statement with the call replaced by the thread's result; the
+    statement on fibers (region ``etm_r{k}``, already written) if tg_reduce cannot run it."""
+    qual, name, (data, val, idx, size) = st.call
+    arg_in = f", etm_c{prev}[i]" if prev is not None else ""
+    d, a = f"etm_D{k}", f"etm::split::tg_arg<etm_D{k}>"
+    lines = [
+        f"using {d} = std::remove_cv_t<std::remove_reference_t<decltype(({data})[0])>>;",
+        f"auto etm_a{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
+        f"{{ (void)t; {binds} {bind_in} return {a}{{{d}({val}), unsigned({idx})}}; }};",
+        f"{a}* etm_x{k} = etm::split::slots<{a}, {100 + k}>(etm_n);",
+        f"for (uint32_t i = 0; i < etm_n; i++) new (&etm_x{k}[i]) {a}(etm_a{k}(etm_th + i{arg_in}));",
+        f"{d}* etm_y{k} = etm::split::slots<{d}, {200 + k}>(etm_n);",
+        f"auto etm_s{k} = []({d} v) __attribute__((always_inline)) {{ return {qual}{name}__etm_simd(v); }};",
+    ]
+    text = re.sub(r"(?P<q>(?:::)?(?:\w+::)*)" + name + r"\s*\(.*\)(?=\s*;\s*$)",
+                  f"(etm_y{k}[t->index_in_tg])", st.text, count=1, flags=re.S)  # fmt: skip
+    out = "" if last else f"return etm_L{k}{{{', '.join(live[k])}}};"
+    lines.append(
+        f"auto etm_q{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
+        f"{{ (void)t; {binds} {bind_in} {text} {out} }};"
+    )
+    qcall = call.replace(f"etm_r{k}(", f"etm_q{k}(")
+    store = f"new (&etm_c{k}[i]) etm_L{k}({qcall});" if not last else f"{qcall};"
+    fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
+    fstore = f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
+    lines += [
+        f"if (etm::split::tg_reduce({data}, etm_x{k}, etm_n, unsigned({size}), etm_s{k}, etm_y{k})) {{",
+        f"for (uint32_t i = 0; i < etm_n; i++) {store}",
+        f"}} else {{ auto etm_f{k} = [&](const etm_msl_thread* t) {{ {fstore} }};",
+        f"etm::split::fibers(g, etm_f{k}); }}",
+    ]
+    return lines
 
 
 def _bindings(kernel: Kernel, positions: bool) -> str:
@@ -351,7 +438,9 @@ def _split_function(kernel, sts, segments, live, shared, helpers) -> str:
             sample = f"etm_r{k}(etm_th{', *etm_c' + str(prev) if prev is not None else ''})"
             lines.append(f"using etm_L{k} = decltype({sample});")
             lines.append(f"etm_L{k}* etm_c{k} = etm::split::slots<etm_L{k}, {k}>(etm_n);")
-        if seg[0].kind == "fibers":
+        if seg[0].kind == "lockstep":
+            lines += _lockstep_lines(k, prev, seg[0], binds, bind_in, inp, call, last, live)
+        elif seg[0].kind == "fibers":
             fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
             store = f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
             lines.append(f"auto etm_f{k} = [&](const etm_msl_thread* t) {{ {store} }};")
@@ -383,6 +472,12 @@ def apply(text: str, kernels: list[Kernel], tainted: set[str]) -> str:
         if p.path != "split":
             continue
         inserts[k.end] = inserts.get(k.end, "") + p.code + "\n"
+        for name in p.lockstep:
+            if name in copied:
+                continue
+            copied.add(name)
+            _, end = bodies[name][0]
+            inserts[end + 1] = inserts.get(end + 1, "") + simd_wrapper(name) + "\n"
         for name in p.helpers:
             if name in copied:
                 continue
