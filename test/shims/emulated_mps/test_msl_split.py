@@ -307,9 +307,22 @@ def test_inductor_reductions_split_match_fibers_bit_for_bit_and_eager(name):
     assert "fibers" not in paths  # every synchronising Inductor kernel is split
 
 
-def test_inductor_welford_layer_norm_runs_without_any_fiber():
-    for name in ("layer_norm", "layer_norm_small"):
-        for lib in DATA["cases"][name]["libraries"].values():
-            fn = compile_library(library_source(lib)).function("generated_kernel")
-            if fn.synchronises:
-                assert fn.path == "split" and fn.path_reason == "", (name, fn.path_reason)
+# Welford (uniform helpers) and c10's sum/max/min (lockstep SIMD groups): no fiber at all;
+# argmax's threadgroup_argmax statement is the one left on fibers
+NO_FIBERS = ["layer_norm", "layer_norm_small", "var_mean", "softmax", "rms_norm", "sum_dim0"]
+NO_FIBERS += ["amax_dim0", "log_softmax_dim0", "half_softmax", "bf16_ops", "min_int64"]
+
+
+@pytest.mark.parametrize("name", NO_FIBERS)
+def test_inductor_reductions_run_without_any_fiber(name):
+    for lib in DATA["cases"][name]["libraries"].values():
+        fn = compile_library(library_source(lib)).function("generated_kernel")
+        if fn.synchronises:
+            assert fn.path == "split" and fn.path_reason == "", (name, fn.path_reason)
+
+
+def test_inductor_argmax_leaves_only_its_argmax_statement_on_fibers():
+    (lib,) = DATA["cases"]["argmax"]["libraries"].values()
+    fn = compile_library(library_source(lib)).function("generated_kernel")
+    assert fn.path == "split"
+    assert "threadgroup_argm" in fn.path_reason and fn.path_reason.count("on fibers") == 1
