@@ -282,7 +282,10 @@ def test_the_paths_env_logs_each_kernel_and_its_path(monkeypatch, caplog):
 SYNCING = sorted(
     name
     for name, case in DATA["cases"].items()
-    if any("threadgroup" in lib["kernel"] or "simd_" in lib["kernel"] for lib in case["libraries"].values())
+    if any(
+        "threadgroup" in lib["kernel"] or "simd_" in lib["kernel"]
+        for lib in case["libraries"].values()
+    )
 )
 
 

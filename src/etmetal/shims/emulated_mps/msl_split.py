@@ -183,7 +183,7 @@ def uniform_copy(name: str, text: str, bodies: dict, tainted: set[str]) -> list[
         for mem in memory:
             if _assigned(mem, inner) or re.search(rf"\b{mem}\b(?!\s*\[)", inner):
                 return []  # written, or passed on / used as a pointer
-        for am in re.finditer(rf"(\]|\)|\*\s*\w+|->\s*\w+)\s*{_ASSIGN_OPS}", inner):
+        if re.search(rf"(\]|\)|\*\s*\w+|->\s*\w+)\s*{_ASSIGN_OPS}", inner):
             return []  # a write through a subscript, a dereference or a member of a pointer
         # where the definition starts: after the previous ; { or } outside parentheses
         j, depth = open_ - 1, 0
@@ -422,7 +422,9 @@ def _split_function(kernel, sts, segments, live, shared, helpers) -> str:
             continue
         last = k == len(segments) - 1
         inp = f", etm_L{prev}& etm_in" if prev is not None else ""
-        bind_in = f"auto& [{', '.join(live[prev])}] = etm_in;" if prev is not None and live[prev] else ""
+        bind_in = (
+            f"auto& [{', '.join(live[prev])}] = etm_in;" if prev is not None and live[prev] else ""
+        )
         out = ""
         if not last:
             # bound by position (structured bindings): members named apart from the locals
@@ -442,7 +444,9 @@ def _split_function(kernel, sts, segments, live, shared, helpers) -> str:
             lines += _lockstep_lines(k, prev, seg[0], binds, bind_in, inp, call, last, live)
         elif seg[0].kind == "fibers":
             fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
-            store = f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
+            store = (
+                f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
+            )
             lines.append(f"auto etm_f{k} = [&](const etm_msl_thread* t) {{ {store} }};")
             lines.append(f"etm::split::fibers(g, etm_f{k});")
         else:
