@@ -235,7 +235,7 @@ def source_key(source: str, checked: bool = False, split: bool = True) -> str:
     h.update(str(dispatcher_path()).encode())
     shaping = (
         "msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py", "msl_instrument.py", "msl_classify.py",
-        "msl_split.py",
+        "msl_split.py", "msl_split_emit.py",
     )  # fmt: skip
     for name in shaping:  # what shapes the build
         h.update((HERE / name).read_bytes())

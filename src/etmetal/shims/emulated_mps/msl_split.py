@@ -31,7 +31,8 @@ import re
 from dataclasses import dataclass, field
 
 from etmetal.shims.emulated_mps.msl_classify import _ROOTS, _matching_back, function_bodies
-from etmetal.shims.emulated_mps.msl_parse import POSITION_FIELDS, Kernel, _matching, _split_top
+from etmetal.shims.emulated_mps.msl_parse import Kernel, _matching, _split_top
+from etmetal.shims.emulated_mps.msl_split_emit import simd_wrapper, split_function
 
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 _BARRIER_STMT = re.compile(r"^(?:::)?(?:metal::)?threadgroup_barrier\s*\([^;]*\)\s*;$", re.S)
@@ -233,6 +234,10 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
             return SplitPlan("fibers", reason)
         words = set(_IDENT.findall(st.text))
         st.sync = bool(_ROOTS.search(st.text)) or not words.isdisjoint(tainted)
+    if any(re.search(r"\[\s*[&=]", st.text) for st in sts):
+        return SplitPlan(
+            "fibers", "a lambda in the kernel body (its captures could outlive a region)"
+        )
     if not any(st.sync for st in sts):
         return SplitPlan("fibers", "no top-level statement synchronises")
     params = {p.name for p in kernel.params}
@@ -315,10 +320,15 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
     for names in live:
         for n in names:
             d = decls[n]
+            # the address of a local would point into the region that ended
+            address_of = set(re.findall(r"(?:^|[=(,?:])\s*&\s*([A-Za-z_]\w*)", d.text)) & locals_
+            if address_of:
+                return SplitPlan("fibers", f"the local '{n}' lives across a barrier and holds "
+                                 f"the address of the local '{sorted(address_of)[0]}'")  # fmt: skip
             if d.array or "&" in d.decl_type:
                 return SplitPlan("fibers", f"the local '{n}' lives across a barrier and is an "
                                  "array or a reference")  # fmt: skip
-    code = _split_function(kernel, sts, segments, live, shared, helpers)
+    code = split_function(kernel, sts, segments, live, shared, helpers)
     reason = "; ".join(fiber_notes)
     return SplitPlan("split", reason, code, helpers, lockstep)
 
@@ -348,116 +358,6 @@ def _lockstep_call(st: Statement, whole: re.Match, name: str, text, bodies, vary
     return True
 
 
-def simd_wrapper(name: str) -> str:
-    """The SIMD operation ``name`` calls, as it calls it (inserted after its definition, so
-    the same overloads are visible), for tg_reduce."""
-    op = LOCKSTEP[name][0]
-    return f"template <class D> inline D {name}__etm_simd(D v) {{ return D({op}(v)); }}"
-
-
-def _lockstep_lines(k, prev, st, binds, bind_in, inp, call, last, live) -> list[str]:
-    """A c10 reduction's statement with its lanes in lockstep: each thread's value and index
-    in a loop, tg_reduce, then the statement with the call replaced by the thread's result; the
-    statement on fibers (region ``etm_r{k}``, already written) if tg_reduce cannot run it."""
-    qual, name, (data, val, idx, size) = st.call
-    arg_in = f", etm_c{prev}[i]" if prev is not None else ""
-    d, a = f"etm_D{k}", f"etm::split::tg_arg<etm_D{k}>"
-    lines = [
-        f"using {d} = std::remove_cv_t<std::remove_reference_t<decltype(({data})[0])>>;",
-        f"auto etm_a{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
-        f"{{ (void)t; {binds} {bind_in} return {a}{{{d}({val}), unsigned({idx})}}; }};",
-        f"{a}* etm_x{k} = etm::split::slots<{a}, {100 + k}>(etm_n);",
-        f"for (uint32_t i = 0; i < etm_n; i++) new (&etm_x{k}[i]) {a}(etm_a{k}(etm_th + i{arg_in}));",
-        f"{d}* etm_y{k} = etm::split::slots<{d}, {200 + k}>(etm_n);",
-        f"auto etm_s{k} = []({d} v) __attribute__((always_inline)) {{ return {qual}{name}__etm_simd(v); }};",
-    ]
-    text = re.sub(r"(?P<q>(?:::)?(?:\w+::)*)" + name + r"\s*\(.*\)(?=\s*;\s*$)",
-                  f"(etm_y{k}[t->index_in_tg])", st.text, count=1, flags=re.S)  # fmt: skip
-    out = "" if last else f"return etm_L{k}{{{', '.join(live[k])}}};"
-    lines.append(
-        f"auto etm_q{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
-        f"{{ (void)t; {binds} {bind_in} {text} {out} }};"
-    )
-    qcall = call.replace(f"etm_r{k}(", f"etm_q{k}(")
-    store = f"new (&etm_c{k}[i]) etm_L{k}({qcall});" if not last else f"{qcall};"
-    fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
-    fstore = f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
-    lines += [
-        f"if (etm::split::tg_reduce({data}, etm_x{k}, etm_n, unsigned({size}), etm_s{k}, etm_y{k})) {{",
-        f"for (uint32_t i = 0; i < etm_n; i++) {store}",
-        f"}} else {{ auto etm_f{k} = [&](const etm_msl_thread* t) {{ {fstore} }};",
-        f"etm::split::fibers(g, etm_f{k}); }}",
-    ]
-    return lines
-
-
-def _bindings(kernel: Kernel, positions: bool) -> str:
-    """The kernel's parameters bound from the thread record ``t`` (positions) or from the
-    arguments ``a`` (buffers: once per threadgroup)."""
-    out = []
-    for p in kernel.params:
-        if p.position and positions:
-            fld, width = POSITION_FIELDS[p.position]
-            src = f"t->{fld}" if width == 3 else f"&t->{fld}"
-            out.append(f"{p.type} {p.name} = etm::position<{p.type}>({src});")
-        elif not p.position and not positions:
-            out.append(f"{p.type} {p.name} = etm::buffer_arg<{p.type}>(a[{p.buffer}]);")
-    return " ".join(out)
-
-
-def _split_function(kernel, sts, segments, live, shared, helpers) -> str:
-    name = re.sub(r".*::", "", kernel.call)
-    binds = _bindings(kernel, positions=True)
-    lines = [f"void {name}__etm_split(void* const* a, const etm_msl_thread* g) {{"]
-    lines.append(_bindings(kernel, positions=False))
-    lines += [st.text for st in sts if st.threadgroup]  # threadgroup memory, once
-    lines.append("uint32_t etm_n; const etm_msl_thread* etm_th = etm::split::threads(g, &etm_n);")
-    prev = None  # the cut before the current segment
-    for k, seg in enumerate(segments):
-        text = " ".join(st.text for st in seg)
-        for h in helpers:
-            text = re.sub(rf"\b{h}\b(?=\s*\()", f"{h}__etm_u", text)
-        if seg[0].kind == "uniform" and seg[0].declares in shared:
-            lines.append(re.sub(r"^\s*(?:const\s+)?", "const ", text, count=1))
-            continue
-        last = k == len(segments) - 1
-        inp = f", etm_L{prev}& etm_in" if prev is not None else ""
-        bind_in = (
-            f"auto& [{', '.join(live[prev])}] = etm_in;" if prev is not None and live[prev] else ""
-        )
-        out = ""
-        if not last:
-            # bound by position (structured bindings): members named apart from the locals
-            members = " ".join(f"decltype({n}) etm_m{j};" for j, n in enumerate(live[k]))
-            out = f"struct etm_live {{ {members} }}; return etm_live{{{', '.join(live[k])}}};"
-        lines.append(
-            f"auto etm_r{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
-            f"{{ (void)t; {binds} {bind_in} {text} {out} }};"
-        )
-        arg_in = f", etm_c{prev}[i]" if prev is not None else ""
-        call = f"etm_r{k}(etm_th + i{arg_in})"
-        if not last:
-            sample = f"etm_r{k}(etm_th{', *etm_c' + str(prev) if prev is not None else ''})"
-            lines.append(f"using etm_L{k} = decltype({sample});")
-            lines.append(f"etm_L{k}* etm_c{k} = etm::split::slots<etm_L{k}, {k}>(etm_n);")
-        if seg[0].kind == "lockstep":
-            lines += _lockstep_lines(k, prev, seg[0], binds, bind_in, inp, call, last, live)
-        elif seg[0].kind == "fibers":
-            fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
-            store = (
-                f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
-            )
-            lines.append(f"auto etm_f{k} = [&](const etm_msl_thread* t) {{ {store} }};")
-            lines.append(f"etm::split::fibers(g, etm_f{k});")
-        else:
-            store = f"new (&etm_c{k}[i]) etm_L{k}({call});" if not last else f"{call};"
-            lines.append(f"for (uint32_t i = 0; i < etm_n; i++) {store}")
-        if not last:
-            prev = k
-    lines.append("}")
-    return "\n".join(lines)
-
-
 def apply(text: str, kernels: list[Kernel], tainted: set[str]) -> str:
     """Decide each kernel's path (``Kernel.path``, ``Kernel.path_reason``) and return ``text``
     with the split functions (after their kernels) and the uniform helpers' copies (after the
@@ -481,7 +381,9 @@ def apply(text: str, kernels: list[Kernel], tainted: set[str]) -> str:
                 continue
             copied.add(name)
             _, end = bodies[name][0]
-            inserts[end + 1] = inserts.get(end + 1, "") + simd_wrapper(name) + "\n"
+            inserts[end + 1] = (
+                inserts.get(end + 1, "") + simd_wrapper(name, LOCKSTEP[name][0]) + "\n"
+            )
         for name in p.helpers:
             if name in copied:
                 continue
