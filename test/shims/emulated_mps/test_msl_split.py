@@ -329,3 +329,63 @@ def test_inductor_argmax_leaves_only_its_argmax_statement_on_fibers():
     fn = compile_library(library_source(lib)).function("generated_kernel")
     assert fn.path == "split"
     assert "threadgroup_argm" in fn.path_reason and fn.path_reason.count("on fibers") == 1
+
+
+def _c10_threadgroup_sum() -> str:
+    """c10's own threadgroup_sum definition, read from the installed torch (its body is what
+    the split path recognises by digest)."""
+    from c10_headers import C10_METAL
+
+    text = (C10_METAL / "reduction_utils.h").read_text()
+    start = text.index("template <typename T>\nopmath_t<T> threadgroup_sum(")
+    depth, end = 0, text.index("{", start)
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start : end + 1]
+        end += 1
+
+
+# c10's threadgroup_sum over a SIMD sum of our own that makes `EXTRA` identity shuffles first:
+# the lockstep replay serves up to 8 SIMD operations per call; past that the statement falls
+# back to fibers, and both must give the threadgroup's sum.
+OWN_SUM = """
+#include <metal_stdlib>
+using namespace metal;
+namespace mine {
+constexpr unsigned simdgroup_size = 32;
+template <typename T>
+using opmath_t = T;
+template <typename T>
+T simd_sum(T v) {
+  for (int k = 0; k < EXTRA; k++) v = metal::simd_shuffle_xor(v, 0);
+  return metal::simd_sum(v);
+}
+HELPER
+}  // namespace mine
+kernel void group_sums(device float* out [[buffer(0)]], constant float* x [[buffer(1)]],
+                       uint i [[thread_position_in_grid]],
+                       uint lid [[thread_index_in_threadgroup]],
+                       uint n [[threads_per_threadgroup]]) {
+  threadgroup float scratch[32];
+  float v = x[i] * 0.5f;
+  auto total = mine::threadgroup_sum(scratch, v, lid, n);
+  out[i] = total + float(lid);
+}
+"""
+
+
+@pytest.mark.parametrize("extra", [3, 9], ids=["replayed", "falls-back"])
+def test_c10_threadgroup_sum_in_lockstep_and_its_fallback_to_fibers(extra, workers):
+    source = OWN_SUM.replace("EXTRA", str(extra)).replace("HELPER", _c10_threadgroup_sum())
+    split, fibers = _both(source, "group_sums")
+    assert split.path == "split" and split.path_reason == ""  # recognised: no fiber statement
+    n, group = 300, 100  # SIMD groups of 32 and 4 lanes; a last threadgroup of 0 + 100 threads
+    x = torch.randn(n, generator=torch.Generator().manual_seed(4))
+    got, ref = torch.zeros(n), torch.zeros(n)
+    _run(split, [got], [x], (n,), (group,))
+    _run(fibers, [ref], [x], (n,), (group,))
+    assert torch.equal(got, ref)
+    halves = x.numpy().reshape(-1, group).astype(np.float64) * 0.5
+    want = halves.sum(1, keepdims=True) + np.arange(group)
+    np.testing.assert_allclose(got.numpy().reshape(-1, group), want, rtol=1e-5, atol=1e-5)

@@ -32,7 +32,11 @@ from dataclasses import dataclass, field
 
 from etmetal.shims.emulated_mps.msl_classify import _ROOTS, _matching_back, function_bodies
 from etmetal.shims.emulated_mps.msl_parse import Kernel, _matching, _split_top
-from etmetal.shims.emulated_mps.msl_split_emit import simd_wrapper, split_function
+from etmetal.shims.emulated_mps.msl_split_emit import (
+    UNIFORM_POSITIONS,
+    simd_wrapper,
+    split_function,
+)
 
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 _BARRIER_STMT = re.compile(r"^(?:::)?(?:metal::)?threadgroup_barrier\s*\([^;]*\)\s*;$", re.S)
@@ -249,7 +253,10 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
         if re.search(r"\breturn\b", st.text):
             return SplitPlan("fibers", f"a return before a barrier (statement {i + 1})")
     locals_ = {st.declares for st in sts if st.declares and not st.threadgroup}
-    positions = {p.name for p in kernel.params if p.position}
+    # positions that differ between the threads of a threadgroup
+    positions = {
+        p.name for p in kernel.params if p.position and p.position not in UNIFORM_POSITIONS
+    }
     helpers: dict[str, str] = {}
     lockstep: set[str] = set()
     fiber_notes = []

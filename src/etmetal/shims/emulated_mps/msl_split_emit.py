@@ -56,14 +56,26 @@ def _lockstep_lines(k, prev, st, binds, bind_in, inp, call, last, live) -> list[
     return lines
 
 
+# thread-position attributes every thread of a threadgroup shares
+UNIFORM_POSITIONS = frozenset(
+    [
+        "threadgroup_position_in_grid", "threads_per_threadgroup",
+        "dispatch_threads_per_threadgroup", "threads_per_grid", "threadgroups_per_grid",
+        "simdgroups_per_threadgroup", "threads_per_simdgroup", "thread_execution_width",
+        "dispatch_simdgroups_per_threadgroup", "quadgroups_per_threadgroup",
+    ]
+)  # fmt: skip
+
+
 def _bindings(kernel: Kernel, positions: bool) -> str:
-    """The kernel's parameters bound from the thread record ``t`` (positions) or from the
-    arguments ``a`` (buffers: once per threadgroup)."""
+    """The kernel's parameters bound from the thread record ``t`` (positions), or once per
+    threadgroup: buffers from the arguments ``a``, the shared positions from the group ``g``."""
     out = []
     for p in kernel.params:
-        if p.position and positions:
+        if p.position and (positions or p.position in UNIFORM_POSITIONS):
             fld, width = POSITION_FIELDS[p.position]
-            src = f"t->{fld}" if width == 3 else f"&t->{fld}"
+            rec = "t" if positions else "g"
+            src = f"{rec}->{fld}" if width == 3 else f"&{rec}->{fld}"
             out.append(f"{p.type} {p.name} = etm::position<{p.type}>({src});")
         elif not p.position and not positions:
             out.append(f"{p.type} {p.name} = etm::buffer_arg<{p.type}>(a[{p.buffer}]);")
