@@ -85,16 +85,16 @@ inline void fibers(const etm_msl_thread* g, F& body) {
 // A pure function `simd` of one operand that makes SIMD operations (the one a c10 helper calls,
 // msl_split.py's NAME__etm_simd), run for the active lanes of one SIMD group without fibers,
 // by replay: pass p runs every lane with operations before p answered exactly and records
-// operation p's operands; a last pass, every answer exact, gives each lane's result. False
-// (fall back to fibers) if an answer could not be exact or lanes made different operations.
+// operation p's operands; a last pass, every answer exact, gives the result of each lane in
+// `need`. False (fall back to fibers) if an answer could not be exact.
 template <class D>
 struct tg_arg {
   D val;
   unsigned idx;
 };
 
-template <class D, class S>
-inline bool lockstep(S& simd, const D* vals, uint32_t active, D* results) {
+template <class V, class R, class S>
+inline bool lockstep(S& simd, const V* vals, uint32_t active, R* results, uint32_t need) {
   constexpr uint32_t W = ETM_MSL_SIMD_WIDTH;
   for (uint32_t p = 0;; p++) {
     uint32_t most = 0;
@@ -108,14 +108,13 @@ inline bool lockstep(S& simd, const D* vals, uint32_t active, D* results) {
     }
     if (most <= p + 1) break;  // operation p was the last any lane reached
   }
-  uint32_t count = UINT32_MAX;
+  // A lane's operations are decided by the exact answers before them, the same in the pass
+  // that recorded each and in this one: only the lanes whose result is used (`need`) run it.
   for (uint32_t l = 0; l < W; l++) {
-    if (!((active >> l) & 1u)) continue;
+    if (!((active & need) >> l & 1u)) continue;
     etm_msl_lockstep(UINT32_MAX, l, active);
     results[l] = simd(vals[l]);
-    const uint32_t c = etm_msl_lockstep_end();
-    if (c == UINT32_MAX || (count != UINT32_MAX && c != count)) return false;
-    count = c;
+    if (etm_msl_lockstep_end() == UINT32_MAX) return false;
   }
   return true;
 }
@@ -136,8 +135,12 @@ inline bool tg_reduce(D* data, const tg_arg<D>* args, uint32_t n, unsigned size,
   for (uint32_t s = 0; s < nsimd; s++) {
     const uint32_t base = s * W, cnt = n - base < W ? n - base : W;
     const uint32_t active = cnt == W ? 0xffffffffu : ((1u << cnt) - 1u);
-    for (uint32_t l = 0; l < cnt; l++) vals[l] = args[base + l].val;
-    if (!lockstep(simd, vals, active, res)) return false;
+    uint32_t need = 0;
+    for (uint32_t l = 0; l < cnt; l++) {
+      vals[l] = args[base + l].val;
+      need |= uint32_t(args[base + l].idx % W == 0) << l;
+    }
+    if (!lockstep(simd, vals, active, res, need)) return false;
     for (uint32_t l = 0; l < cnt; l++)
       if (args[base + l].idx % W == 0) data[args[base + l].idx / W] = res[l];
   }
@@ -148,14 +151,15 @@ inline bool tg_reduce(D* data, const tg_arg<D>* args, uint32_t n, unsigned size,
       if (args[t].idx < used) stage[t] = data[args[t].idx];
     for (uint32_t s = 0; s < nsimd; s++) {
       const uint32_t base = s * W, cnt = n - base < W ? n - base : W;
-      uint32_t active = 0;
+      uint32_t active = 0, need = 0;
       for (uint32_t l = 0; l < cnt; l++) {
         if (args[base + l].idx >= used) continue;
         active |= 1u << l;
+        need |= uint32_t(args[base + l].idx == 0) << l;
         vals[l] = stage[base + l];
       }
       if (active == 0) continue;
-      if (!lockstep(simd, vals, active, res)) return false;
+      if (!lockstep(simd, vals, active, res, need)) return false;
       for (uint32_t l = 0; l < cnt; l++)
         if (((active >> l) & 1u) && args[base + l].idx == 0) data[0] = res[l];
     }

@@ -297,6 +297,11 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
             continue
         st.kind = "fibers"
         fiber_notes.append(f"statement {i + 1} ({st.text[:40].strip()}...) on fibers")
+    if all(st.kind == "fibers" for st in sts if st.sync):
+        # nothing to gain: the fiber phases would cost what whole-kernel fibers cost, and more
+        return SplitPlan(
+            "fibers", "every synchronising statement needs fibers: " + "; ".join(fiber_notes)
+        )
     # the live locals at each cut, and the regions between
     segments: list[list[Statement]] = [[]]
     for st in sts:

@@ -17,6 +17,10 @@ from etmetal.shims.emulated_mps.msl_parse import POSITION_FIELDS, Kernel
 def simd_wrapper(name: str, op: str) -> str:
     """The SIMD operation ``name`` calls, as it calls it (inserted after its definition, so
     the same overloads are visible), for tg_reduce."""
+    if name.startswith("threadgroup_arg"):  # a (value, index) pair
+        return (
+            f"template <class V> inline auto {name}__etm_simd(V v) {{ return {op}(v.val, v.idx); }}"
+        )
     return f"template <class D> inline D {name}__etm_simd(D v) {{ return D({op}(v)); }}"
 
 
@@ -24,10 +28,19 @@ def _lockstep_lines(k, prev, st, binds, bind_in, inp, call, last, live) -> list[
     """A c10 reduction's statement with its lanes in lockstep: each thread's value and index
     in a loop, tg_reduce, then the statement with the call replaced by the thread's result; the
     statement on fibers (region ``etm_r{k}``, already written) if tg_reduce cannot run it."""
-    qual, name, (data, val, idx, size) = st.call
+    qual, name, args = st.call
     arg_in = f", etm_c{prev}[i]" if prev is not None else ""
+    lines = _sum_lines(k, st, binds, bind_in, inp, arg_in)
+    text = re.sub(r"(?P<q>(?:::)?(?:\w+::)*)" + name + r"\s*\(.*\)(?=\s*;\s*$)",
+                  f"(etm_y{k}[t->index_in_tg])", st.text, count=1, flags=re.S)  # fmt: skip
+    return lines + _finish_lines(k, st, binds, bind_in, inp, call, last, live, text)
+
+
+def _sum_lines(k, st, binds, bind_in, inp, arg_in) -> list[str]:
+    """threadgroup_sum/prod/max/min: each thread's (val, idx), then tg_reduce."""
+    qual, name, (data, val, idx, size) = st.call
     d, a = f"etm_D{k}", f"etm::split::tg_arg<etm_D{k}>"
-    lines = [
+    return [
         f"using {d} = std::remove_cv_t<std::remove_reference_t<decltype(({data})[0])>>;",
         f"auto etm_a{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
         f"{{ (void)t; {binds} {bind_in} return {a}{{{d}({val}), unsigned({idx})}}; }};",
@@ -35,9 +48,15 @@ def _lockstep_lines(k, prev, st, binds, bind_in, inp, call, last, live) -> list[
         f"for (uint32_t i = 0; i < etm_n; i++) new (&etm_x{k}[i]) {a}(etm_a{k}(etm_th + i{arg_in}));",
         f"{d}* etm_y{k} = etm::split::slots<{d}, {200 + k}>(etm_n);",
         f"auto etm_s{k} = []({d} v) __attribute__((always_inline)) {{ return {qual}{name}__etm_simd(v); }};",
+        f"const bool etm_ok{k} = etm::split::tg_reduce({data}, etm_x{k}, etm_n, unsigned({size}), "
+        f"etm_s{k}, etm_y{k});",
     ]
-    text = re.sub(r"(?P<q>(?:::)?(?:\w+::)*)" + name + r"\s*\(.*\)(?=\s*;\s*$)",
-                  f"(etm_y{k}[t->index_in_tg])", st.text, count=1, flags=re.S)  # fmt: skip
+
+
+def _finish_lines(k, st, binds, bind_in, inp, call, last, live, text) -> list[str]:
+    """The statement with the call replaced by each thread's result, in a loop; or, when the
+    lockstep could not run it, the statement as written (``etm_r{k}``) on fibers."""
+    lines = []
     out = "" if last else f"return etm_L{k}{{{', '.join(live[k])}}};"
     lines.append(
         f"auto etm_q{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
@@ -48,7 +67,7 @@ def _lockstep_lines(k, prev, st, binds, bind_in, inp, call, last, live) -> list[
     fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
     fstore = f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
     lines += [
-        f"if (etm::split::tg_reduce({data}, etm_x{k}, etm_n, unsigned({size}), etm_s{k}, etm_y{k})) {{",
+        f"if (etm_ok{k}) {{",
         f"for (uint32_t i = 0; i < etm_n; i++) {store}",
         f"}} else {{ auto etm_f{k} = [&](const etm_msl_thread* t) {{ {fstore} }};",
         f"etm::split::fibers(g, etm_f{k}); }}",
