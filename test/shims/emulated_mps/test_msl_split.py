@@ -397,3 +397,30 @@ def test_c10_threadgroup_sum_in_lockstep_and_its_fallback_to_fibers(extra, worke
     halves = x.numpy().reshape(-1, group).astype(np.float64) * 0.5
     want = halves.sum(1, keepdims=True) + np.arange(group)
     np.testing.assert_allclose(got.numpy().reshape(-1, group), want, rtol=1e-5, atol=1e-5)
+
+
+NAMES = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void shadowing(device float* a [[buffer(0)]], constant float* g [[buffer(1)]],
+                      uint i [[thread_position_in_grid]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float tile[32];
+  float t = g[i] + 1.0f;
+  tile[lid] = t;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  a[i] = tile[31 - lid] * t;
+}
+"""
+
+
+def test_a_kernels_own_names_never_collide_with_the_split_codes():
+    # a buffer named `a`, one named `g`, a local `t`: the generated names all start with etm_
+    split, fibers = _both(NAMES, "shadowing")
+    assert split.path == "split" and split.path_reason == ""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(5))
+    got, ref = torch.zeros(64), torch.zeros(64)
+    _run(split, [got], [x], (64,), (32,))
+    _run(fibers, [ref], [x], (64,), (32,))
+    t = x + 1
+    assert torch.equal(got, ref)
+    assert torch.equal(got, t.view(2, 32).flip(1).reshape(-1) * t)

@@ -144,7 +144,7 @@ def _declaration(st: Statement) -> str | None:
     st.decl_type = m.group("type").strip()
     st.array = m.group("after") == "["
     init = text[m.end() - 1 :]
-    if len(_split_top(init.rstrip(";"))) > 1:
+    if len(_split_top(init.rstrip(";"))) > 1 and not st.threadgroup:  # hoisted whole otherwise
         return f"the declaration '{text[:60]}' declares several names"
     return None
 

@@ -32,7 +32,7 @@ def _lockstep_lines(k, prev, st, binds, bind_in, inp, call, last, live) -> list[
     arg_in = f", etm_c{prev}[i]" if prev is not None else ""
     lines = _sum_lines(k, st, binds, bind_in, inp, arg_in)
     text = re.sub(r"(?P<q>(?:::)?(?:\w+::)*)" + name + r"\s*\(.*\)(?=\s*;\s*$)",
-                  f"(etm_y{k}[t->index_in_tg])", st.text, count=1, flags=re.S)  # fmt: skip
+                  f"(etm_y{k}[etm_t->index_in_tg])", st.text, count=1, flags=re.S)  # fmt: skip
     return lines + _finish_lines(k, st, binds, bind_in, inp, call, last, live, text)
 
 
@@ -42,8 +42,8 @@ def _sum_lines(k, st, binds, bind_in, inp, arg_in) -> list[str]:
     d, a = f"etm_D{k}", f"etm::split::tg_arg<etm_D{k}>"
     return [
         f"using {d} = std::remove_cv_t<std::remove_reference_t<decltype(({data})[0])>>;",
-        f"auto etm_a{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
-        f"{{ (void)t; {binds} {bind_in} return {a}{{{d}({val}), unsigned({idx})}}; }};",
+        f"auto etm_a{k} = [&](const etm_msl_thread* etm_t{inp}) __attribute__((always_inline)) "
+        f"{{ (void)etm_t; {binds} {bind_in} return {a}{{{d}({val}), unsigned({idx})}}; }};",
         f"{a}* etm_x{k} = etm::split::slots<{a}, {100 + k}>(etm_n);",
         f"for (uint32_t i = 0; i < etm_n; i++) new (&etm_x{k}[i]) {a}(etm_a{k}(etm_th + i{arg_in}));",
         f"{d}* etm_y{k} = etm::split::slots<{d}, {200 + k}>(etm_n);",
@@ -59,18 +59,18 @@ def _finish_lines(k, st, binds, bind_in, inp, call, last, live, text) -> list[st
     lines = []
     out = "" if last else f"return etm_L{k}{{{', '.join(live[k])}}};"
     lines.append(
-        f"auto etm_q{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
-        f"{{ (void)t; {binds} {bind_in} {text} {out} }};"
+        f"auto etm_q{k} = [&](const etm_msl_thread* etm_t{inp}) __attribute__((always_inline)) "
+        f"{{ (void)etm_t; {binds} {bind_in} {text} {out} }};"
     )
     qcall = call.replace(f"etm_r{k}(", f"etm_q{k}(")
     store = f"new (&etm_c{k}[i]) etm_L{k}({qcall});" if not last else f"{qcall};"
-    fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
-    fstore = f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
+    fcall = call.replace("etm_th + i", "etm_t").replace("[i]", "[etm_t->index_in_tg]")
+    fstore = f"new (&etm_c{k}[etm_t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
     lines += [
         f"if (etm_ok{k}) {{",
         f"for (uint32_t i = 0; i < etm_n; i++) {store}",
-        f"}} else {{ auto etm_f{k} = [&](const etm_msl_thread* t) {{ {fstore} }};",
-        f"etm::split::fibers(g, etm_f{k}); }}",
+        f"}} else {{ auto etm_f{k} = [&](const etm_msl_thread* etm_t) {{ {fstore} }};",
+        f"etm::split::fibers(etm_g, etm_f{k}); }}",
     ]
     return lines
 
@@ -87,27 +87,31 @@ UNIFORM_POSITIONS = frozenset(
 
 
 def _bindings(kernel: Kernel, positions: bool) -> str:
-    """The kernel's parameters bound from the thread record ``t`` (positions), or once per
-    threadgroup: buffers from the arguments ``a``, the shared positions from the group ``g``."""
+    """The kernel's parameters bound from the thread record ``etm_t`` (positions), or once per
+    threadgroup: buffers from the arguments ``etm_a``, the shared positions from the group
+    ``etm_g`` (every name the generated code adds starts with ``etm_``: a kernel's own names,
+    say a local ``t``, cannot collide)."""
     out = []
     for p in kernel.params:
         if p.position and (positions or p.position in UNIFORM_POSITIONS):
             fld, width = POSITION_FIELDS[p.position]
-            rec = "t" if positions else "g"
+            rec = "etm_t" if positions else "etm_g"
             src = f"{rec}->{fld}" if width == 3 else f"&{rec}->{fld}"
             out.append(f"{p.type} {p.name} = etm::position<{p.type}>({src});")
         elif not p.position and not positions:
-            out.append(f"{p.type} {p.name} = etm::buffer_arg<{p.type}>(a[{p.buffer}]);")
+            out.append(f"{p.type} {p.name} = etm::buffer_arg<{p.type}>(etm_a[{p.buffer}]);")
     return " ".join(out)
 
 
 def split_function(kernel, sts, segments, live, shared, helpers) -> str:
     name = re.sub(r".*::", "", kernel.call)
     binds = _bindings(kernel, positions=True)
-    lines = [f"void {name}__etm_split(void* const* a, const etm_msl_thread* g) {{"]
+    lines = [f"void {name}__etm_split(void* const* etm_a, const etm_msl_thread* etm_g) {{"]
     lines.append(_bindings(kernel, positions=False))
     lines += [st.text for st in sts if st.threadgroup]  # threadgroup memory, once
-    lines.append("uint32_t etm_n; const etm_msl_thread* etm_th = etm::split::threads(g, &etm_n);")
+    lines.append(
+        "uint32_t etm_n; const etm_msl_thread* etm_th = etm::split::threads(etm_g, &etm_n);"
+    )
     prev = None  # the cut before the current segment
     for k, seg in enumerate(segments):
         text = " ".join(st.text for st in seg)
@@ -127,8 +131,8 @@ def split_function(kernel, sts, segments, live, shared, helpers) -> str:
             members = " ".join(f"decltype({n}) etm_m{j};" for j, n in enumerate(live[k]))
             out = f"struct etm_live {{ {members} }}; return etm_live{{{', '.join(live[k])}}};"
         lines.append(
-            f"auto etm_r{k} = [&](const etm_msl_thread* t{inp}) __attribute__((always_inline)) "
-            f"{{ (void)t; {binds} {bind_in} {text} {out} }};"
+            f"auto etm_r{k} = [&](const etm_msl_thread* etm_t{inp}) __attribute__((always_inline)) "
+            f"{{ (void)etm_t; {binds} {bind_in} {text} {out} }};"
         )
         arg_in = f", etm_c{prev}[i]" if prev is not None else ""
         call = f"etm_r{k}(etm_th + i{arg_in})"
@@ -139,12 +143,14 @@ def split_function(kernel, sts, segments, live, shared, helpers) -> str:
         if seg[0].kind == "lockstep":
             lines += _lockstep_lines(k, prev, seg[0], binds, bind_in, inp, call, last, live)
         elif seg[0].kind == "fibers":
-            fcall = call.replace("etm_th + i", "t").replace("[i]", "[t->index_in_tg]")
+            fcall = call.replace("etm_th + i", "etm_t").replace("[i]", "[etm_t->index_in_tg]")
             store = (
-                f"new (&etm_c{k}[t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
+                f"new (&etm_c{k}[etm_t->index_in_tg]) etm_L{k}({fcall});"
+                if not last
+                else f"{fcall};"
             )
-            lines.append(f"auto etm_f{k} = [&](const etm_msl_thread* t) {{ {store} }};")
-            lines.append(f"etm::split::fibers(g, etm_f{k});")
+            lines.append(f"auto etm_f{k} = [&](const etm_msl_thread* etm_t) {{ {store} }};")
+            lines.append(f"etm::split::fibers(etm_g, etm_f{k});")
         else:
             store = f"new (&etm_c{k}[i]) etm_L{k}({call});" if not last else f"{call};"
             lines.append(f"for (uint32_t i = 0; i < etm_n; i++) {store}")
