@@ -40,7 +40,8 @@ CXX_HEADERS = {
     f"{MSL}/msl_check.h": "-std=c++20",  # msl_compat.h's part for a checked build
 }
 HEADER_PARTS = {
-    f"{MSL}/{n}": f"{MSL}/msl_compat.h" for n in ("msl_types.h", "msl_math.h", "msl_sync.h")
+    f"{MSL}/{n}": f"{MSL}/msl_compat.h"
+    for n in ("msl_types.h", "msl_math.h", "msl_sync.h", "msl_split.h")
 }
 BRIDGE_FRAGMENTS = {
     f"{MSL}/{n}" for n in ("bridge_source.cpp", "mps_encoder.cpp", "mps_buffers.cpp")
