@@ -289,9 +289,12 @@ class AotiModel:
                     handle.value,
                     self.num_inputs,
                     self.num_outputs,
+                    self._proxy,
                 )
-                # (and passes no proxy executor: models with one run the general way)
-                if self.device == CPU_DEVICE and self._proxy is None
+                # a model with an extern-node table runs it when the native executor
+                # serves its proxy calls; on the Python executor it runs the general way
+                if self.device == CPU_DEVICE
+                and (self._proxy is None or self._native_proxy is not None)
                 else None
             )
             self._runner = ModelRunner(

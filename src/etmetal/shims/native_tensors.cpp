@@ -423,7 +423,7 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
   }
   for (int64_t i = 0; i < c->n_out; i++) c->out_handles[i] = nullptr;
   int32_t rc = c->run(c->container, c->in_handles, (size_t)c->n_in, c->out_handles,
-                      (size_t)c->n_out, nullptr, nullptr);
+                      (size_t)c->n_out, nullptr, c->proxy);
   c->leftover = c->pending = 0;
   for (int64_t i = 0; i < c->n_in; i++) {  // inputs the container did not delete...
     etm_rec* r = etm_rec_of(c->in_handles[i]);
@@ -494,6 +494,7 @@ const etm_layout_entry etm_layout[] = {
     ETM_FIELD(etm_call, dsts),
     ETM_FIELD(etm_call, leftover),
     ETM_FIELD(etm_call, pending),
+    ETM_FIELD(etm_call, proxy),
 };
 const int64_t etm_layout_count = sizeof(etm_layout) / sizeof(etm_layout[0]);
 

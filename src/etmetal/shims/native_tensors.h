@@ -55,6 +55,7 @@ typedef struct {
   const int64_t* dsts;  // where output i goes (0: nowhere, Python takes it)
   int64_t leftover;     // out: inputs Python adopted that the container left behind
   int64_t pending;      // out: outputs left for Python to take
+  void* proxy;          // the AOTIProxyExecutorHandle the run passes (NULL: none)
 } etm_call;
 
 // one row of etm_layout: a struct ("etm_rec", offset 0) or a field ("etm_rec.sizes"),
