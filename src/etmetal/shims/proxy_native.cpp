@@ -8,8 +8,8 @@
 #include "proxy_native.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <torch/csrc/jit/runtime/operator.h>
 
 #include <cctype>
 #include <cstring>
@@ -52,7 +52,10 @@ struct Arg {
 
 struct Node {
   std::string target;
-  std::optional<c10::OperatorHandle> op;
+  // the operator as torch's registry has it (the one torch.ops resolves names in: the
+  // dispatcher's operators and the JIT-only ones), and its callable
+  std::shared_ptr<torch::jit::Operator> op;
+  mutable std::optional<torch::jit::Operation> run;  // calling it is not const
   std::vector<Arg> args;  // one per schema argument, in schema order
   int64_t n_ints = 0, n_tensors = 0, n_inputs = 0;
   std::vector<std::pair<Ret, int64_t>> returns;
@@ -126,7 +129,7 @@ bool identifier(const std::string& s) {
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
 // the operator target names, if the allow-list lets a table call it; throws Fault
-c10::OperatorHandle resolve(const std::string& target, const std::string& where, const Names& names) {
+std::shared_ptr<torch::jit::Operator> resolve(const std::string& target, const std::string& where, const Names& names) {
   size_t sep = target.find("::");
   std::string ns = sep == std::string::npos ? "" : target.substr(0, sep);
   std::string rest = sep == std::string::npos ? "" : target.substr(sep + 2);
@@ -138,14 +141,18 @@ c10::OperatorHandle resolve(const std::string& target, const std::string& where,
   if (!ok)
     throw Fault(where + ": target " + quoted(target) +
                 " is not 'namespace::name[.overload]' of identifiers");
-  auto op = c10::Dispatcher::singleton().findSchema({ns + "::" + name, overload});
+  // the registry torch._C._get_schema reads: nothing is interned for a malformed name
+  std::shared_ptr<torch::jit::Operator> op;
+  for (const auto& cand : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(ns + "::" + name)))
+    if (cand->schema().overload_name() == overload) op = cand;
   if (!op)
     throw Fault(where + ": operator " + target + " is not registered in this process; import the "
                 "module that defines it (torch.library) before loading the model");
   std::string why = refusal(ns, name, overload, op->schema(), names);
   if (!why.empty())
     throw Fault(where + ": operator " + target + " is not on the proxy executor's allow-list: " + why);
-  return *op;
+  if (!op->hasOperation()) throw Fault(where + ": operator " + target + " has no callable overload");
+  return op;
 }
 
 const Value& field(const Value& v, const char* key, Value::Kind kind, const std::string& where) {
@@ -303,6 +310,7 @@ Node parse_node(int64_t index, const Value& entry, const Names& names) {
   n.target = target->s;
   where += " (" + n.target + ")";
   n.op = resolve(n.target, where, names);
+  n.run = n.op->getOperation();
   const c10::FunctionSchema& schema = n.op->schema();
   const auto& params = schema.arguments();
   const Value& inputs = field(node, "inputs", Value::Array, where);
@@ -522,7 +530,7 @@ int32_t call(etm_proxy* p, const etm_proxy_host* host, int64_t index, int64_t nu
   }
   {
     at::NoGradGuard no_grad;
-    n.op->callBoxed(&stack);
+    (*n.run)(stack);
   }
   std::vector<at::Tensor> results;
   for (size_t r = 0; r < n.returns.size() && r < stack.size(); r++) {
