@@ -74,16 +74,22 @@ def _torch_dirs() -> tuple[list[str], Path]:
     return include_paths(), Path(library_paths()[0])
 
 
+def torch_compile_flags() -> list[str]:
+    """What a unit including torch's C++ headers is compiled with (its build's flags)."""
+    includes, _ = _torch_dirs()
+    flags = [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    for inc in includes:  # torch's headers are not ours to hold to -Werror
+        flags += ["-isystem", inc]
+    return flags
+
+
 def build_library() -> Path:
     """Build ``libetmetal_proxy.so`` unless the cache has this exact build; its path."""
-    includes, lib = _torch_dirs()
+    _, lib = _torch_dirs()
     files = {name: (HERE / name).read_bytes() for name in (*SOURCES, *HEADERS)}
     files[native_tensors.HEADER.name] = native_tensors.HEADER.read_bytes()
     files[proxy_rules.HEADER_NAME] = proxy_rules.generate().encode()
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    flags = ["-O2", "-std=c++17", *WARNINGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-    for inc in includes:  # torch's headers are not ours to hold to -Werror
-        flags += ["-isystem", inc]
+    flags = ["-O2", "-std=c++17", *WARNINGS, *torch_compile_flags()]
     try:
         return build_files(
             "proxy",
