@@ -13,8 +13,14 @@ import pytest
 import torch
 
 from etmetal.backend.aoti_compile import compile_exported_program
-from etmetal.shims import AotiModel, default_context, extern_ops, last_error, memory_stats
-from etmetal.shims import proxy_native
+from etmetal.shims import (
+    AotiModel,
+    default_context,
+    extern_ops,
+    last_error,
+    memory_stats,
+    proxy_native,
+)
 from etmetal.shims.abi_codes import DEVICE_CPU
 from etmetal.shims.proxy_executor import ExternNodeError, ProxyExecutor, _resolve
 
@@ -308,7 +314,9 @@ TABLE = json.dumps(
             _node(
                 outputs=[{"as_tensor": {"name": "c"}}],
                 metadata={
-                    "etmetal_tensor_dtypes": json.dumps({"a": "float32", "b": "float32", "c": "float32"})
+                    "etmetal_tensor_dtypes": json.dumps(
+                        {"a": "float32", "b": "float32", "c": "float32"}
+                    )
                 },
             )
         ]

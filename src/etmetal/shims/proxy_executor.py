@@ -198,7 +198,9 @@ def _parse_node(index: int, entry: dict) -> ExternNode:
         else:
             args.append(_Arg(name, "static", _static(key, value, where), 0))
     given = {item.get("name") for item in inputs}
-    missing = [a.name for a in schema.arguments if a.name not in given and not a.has_default_value()]
+    missing = [
+        a.name for a in schema.arguments if a.name not in given and not a.has_default_value()
+    ]
     if missing:  # refused now rather than at the first call
         raise ExternNodeError(
             f"{where}: the table gives no value for argument {missing[0]!r}, which has no "

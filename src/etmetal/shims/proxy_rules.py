@@ -83,7 +83,9 @@ def generate() -> str:
         "struct etm_dtype_name { const char* name; int32_t code; };",
     ]
     dtypes = sorted(
-        (int(k), TORCH_TO_DTYPE[v]) for k, v in _SERIALIZE_TO_TORCH_DTYPE.items() if v in TORCH_TO_DTYPE
+        (int(k), TORCH_TO_DTYPE[v])
+        for k, v in _SERIALIZE_TO_TORCH_DTYPE.items()
+        if v in TORCH_TO_DTYPE
     )
     lines.append(
         "static const etm_code etm_serde_dtypes[] = {"
