@@ -6,6 +6,7 @@ malformed table is an ``ExternNodeError`` naming the node and the field, never a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 
@@ -367,3 +368,40 @@ def test_a_call_is_served_in_c_and_a_wrong_dtype_is_named_by_the_reference(cdrv,
     )
     for h in (hx, hw, hi, out.value):
         assert cdrv.delete(h) == 0
+
+
+def test_mutated_tables_are_errors_or_tables_never_crashes():
+    """Random byte flips, cuts and splices of a real table: the native parser returns a
+    table or an ExternNodeError, and when the reference accepts a mutant the native
+    executor reads the same number of nodes, or names what it refuses."""
+    import random
+
+    _, art = _compiled("upsampler")
+    table = art.extern_nodes_bytes()
+    rng = random.Random(25)
+    outcomes = {"parsed": 0, "refused": 0}
+    for _ in range(400):
+        data = bytearray(table)
+        for _ in range(rng.randint(1, 4)):
+            pos = rng.randrange(len(data))
+            choice = rng.random()
+            if choice < 0.5:
+                data[pos] = rng.randrange(256)
+            elif choice < 0.75:
+                del data[pos : pos + rng.randint(1, 20)]
+            else:
+                data[pos:pos] = rng.choice([b"[", b"{", b'"', b"1e999", b"null", b"\\u0000"])
+        try:
+            native = proxy_native.NativeProxyExecutor(bytes(data))
+        except ExternNodeError as exc:
+            outcomes["refused"] += 1
+            assert "extern" in str(exc), str(exc)
+            continue
+        outcomes["parsed"] += 1
+        nodes = native.nodes
+        native.close()
+        # the reference may refuse a mutant the native parser reads (it is stricter in
+        # places, laxer in others); when both read it, they read the same nodes
+        with contextlib.suppress(ExternNodeError):
+            assert len(ProxyExecutor.from_json(bytes(data), DEVICE_CPU).nodes) == nodes
+    assert outcomes["refused"] > 100, outcomes
