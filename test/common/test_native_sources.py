@@ -17,8 +17,9 @@ Sources of ``stock_runtime/`` include ExecuTorch's runtime headers: they get the
 include folders and definitions, as their build does (``executorch_compile_flags``), the
 ``shims/`` folder (the native layer the MetalBackend links) and the two includes its build
 generates (``itemsizes.inc``, ``wrapper_template.inc``, written by ``stock_runtime.build``).
-``shims/proxy_native.cpp`` includes torch's C++ headers and the rules table its build
-generates (``proxy_rules.h``): it gets both, as its build does (``proxy_native``).
+The proxy library's units (``shims/proxy_native.cpp``, ``proxy_parse.cpp``, ``proxy_nodes.h``)
+include torch's C++ headers and the rules table their build generates (``proxy_rules.h``):
+they get both, as their build does (``proxy_native``).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def stock_generated(tmp_path_factory) -> Path:
 
 
 def _context(rel: str, request) -> tuple[str, ...]:
-    if rel == "shims/proxy_native.cpp":  # the one unit built against torch's C++ headers
+    # the proxy library's units, the only ones built against torch's C++ headers
+    if rel in {"shims/proxy_native.cpp", "shims/proxy_parse.cpp", "shims/proxy_nodes.h"}:
         from etmetal.shims.proxy_native import torch_compile_flags
 
         return (*torch_compile_flags(), "-I", str(request.getfixturevalue("stock_generated")))

@@ -1,7 +1,8 @@
 """The native proxy executor: extern-node tables parsed once, operators run from C++.
 
 ``shims/proxy_executor.py`` is the reference: it parses a table in Python and runs each
-call through ``torch.ops``. This is the same executor in C++ (``proxy_native.cpp``), for
+call through ``torch.ops``. This is the same executor in C++ (``proxy_parse.cpp`` reads a
+table, ``proxy_native.cpp`` runs its calls), for
 the native implementation and for runtimes without Python (the stock backend):
 
 - ``etm_proxy_parse`` reads the table once, with a small strict JSON reader
@@ -36,8 +37,8 @@ from etmetal.common.native_build import WARNINGS, NativeBuildError, build_files
 from . import extern_ops, native_tensors, proxy_rules
 
 HERE = Path(__file__).parent
-SOURCES = ("proxy_native.cpp", "proxy_json.cpp")
-HEADERS = ("proxy_native.h", "proxy_json.h")
+SOURCES = ("proxy_native.cpp", "proxy_parse.cpp", "proxy_json.cpp")
+HEADERS = ("proxy_native.h", "proxy_nodes.h", "proxy_json.h")
 LIB_NAME = "libetmetal_proxy.so"
 # the bridge's side (compiled into the bridge and the stock backend)
 HOST_SOURCE = HERE / "proxy_host.cpp"
@@ -89,7 +90,8 @@ def build_library() -> Path:
     files = {name: (HERE / name).read_bytes() for name in (*SOURCES, *HEADERS)}
     files[native_tensors.HEADER.name] = native_tensors.HEADER.read_bytes()
     files[proxy_rules.HEADER_NAME] = proxy_rules.generate().encode()
-    flags = ["-O2", "-std=c++17", *WARNINGS, *torch_compile_flags()]
+    # only the ETM_EXPORT functions leave the library
+    flags = ["-O2", "-std=c++17", "-fvisibility=hidden", *WARNINGS, *torch_compile_flags()]
     try:
         return build_files(
             "proxy",

@@ -107,5 +107,12 @@ def generate() -> str:
         + ", ".join(f"{{{_c(n)}, {c}}}" for n, c in sorted(dtype_names().items()))
         + "};"
     )
+    # each code's own name (``torch.float32`` prints as ``float32``), for messages
+    canonical = {code: str(dtype).removeprefix("torch.") for dtype, code in TORCH_TO_DTYPE.items()}
+    lines.append(
+        "static const etm_dtype_name etm_dtype_canonical[] = {"
+        + ", ".join(f"{{{_c(n)}, {c}}}" for c, n in sorted(canonical.items()))
+        + "};"
+    )
     lines.append("#endif  // ETMETAL_PROXY_RULES_H")
     return "\n".join(lines) + "\n"
