@@ -274,8 +274,21 @@ const et::Error registered = et::register_backend({"MetalBackend", &backend});
 }  // namespace
 
 void set_error(const std::string& message) {
-  std::snprintf(last_error_text, sizeof(last_error_text), "%s", message.c_str());
-  ET_LOG(Error, "%s", message.c_str());
+  // messages quote keys and names from the program, which may be any bytes; the pybind
+  // module's log sink decodes each message as UTF-8 and aborts the process on bad bytes,
+  // so only printable ASCII leaves here (anything else as \xNN)
+  std::string text;
+  for (unsigned char c : message) {
+    if (c >= 0x20 && c < 0x7f) {
+      text += (char)c;
+    } else {
+      char esc[5];
+      std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+      text += esc;
+    }
+  }
+  std::snprintf(last_error_text, sizeof(last_error_text), "%s", text.c_str());
+  ET_LOG(Error, "%s", text.c_str());
 }
 
 std::string shim_context() {
