@@ -1,6 +1,6 @@
 """Through the stock runtime, etmetal's native MetalBackend refuses what etmetal's runtime
 refuses: untrusted native code (with how to opt in), blobs that do not match their keys,
-a target other than ``host`` and a ``.so`` that needs the proxy executor; each opt-in of
+a target other than ``host`` and an extern-node table that does not match its key; each opt-in of
 the trust policy loads the program, and a later ``register`` call changes the policy."""
 
 from __future__ import annotations
@@ -153,9 +153,10 @@ def test_an_extern_node_table_that_does_not_match_its_key_is_refused(stock_lower
     stock.register(trust_native_code=True)
     message = _refused(_flip(low.pte, table))
     assert "extern-node table blob does not match its key" in message
-    # intact and trusted, the table still needs the proxy executor, which is not native yet
-    message = _refused(low.pte)
-    assert "proxy executor" in message and "etmetal.runtime.Runtime" in message
+    # intact and trusted, it runs: the native proxy executor serves the table's operator
+    [got] = _load(low.pte).execute(list(low.inputs))
+    with torch.no_grad():
+        torch.testing.assert_close(got, low.module(*low.inputs), atol=1e-5, rtol=1e-5)
     # and a .so digest never vouches for a delegate with a table
     stock.register(trusted_blob_hashes=[d.keys[0][:64]])
     assert "extern-node table" in _refused(low.pte)

@@ -51,10 +51,18 @@ class SteadyRun:
     """The prepared ``etm_call`` of one model container and the per-run bookkeeping."""
 
     def __init__(
-        self, ctx, run_fn: int, container: int, n_in: int, n_out: int, device_type: int = 0
+        self,
+        ctx,
+        run_fn: int,
+        container: int,
+        n_in: int,
+        n_out: int,
+        proxy: int | None = None,
+        device_type: int = 0,
     ) -> None:
-        """``ctx``: the model's ``ShimContext`` (its bridge is loaded); ``device_type``: the
-        c10 device the inputs stand for (host memory either way: 0, or 13 for mps)."""
+        """``ctx``: the model's ``ShimContext`` (its bridge is loaded); ``proxy``: the proxy
+        executor handle the runs pass (None: the model has none); ``device_type``: the c10
+        device the inputs stand for (host memory either way: 0, or 13 for mps)."""
         self.ctx = ctx
         self.device_type = device_type
         self.n_in, self.n_out = n_in, n_out
@@ -74,6 +82,9 @@ class SteadyRun:
             n_out,
             ctypes.addressof(self._outs),
             ctypes.addressof(self._dsts),
+            0,
+            0,
+            proxy,
         )
         self._call_arg = ctypes.c_void_p(ctypes.addressof(self._call))
         self._etm_run = ctx.native.run
