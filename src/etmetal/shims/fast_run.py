@@ -123,18 +123,25 @@ def build(
     *,
     fallback: Callable[..., Any],
     finish: Callable[[Sequence[Any], int, list], list],
-    expect_in: bytes | None = None,
-    expect_out: bytes | None = None,
+    expect_in: Sequence[torch.Tensor] | None = None,
+    expect_out: Sequence[torch.Tensor] | None = None,
     guard: Any = None,
     guard_owner: Any = None,
 ) -> Any:
     """A ``FastRun`` over ``steady`` (a ``SteadyRun``) of ``model``, or None when the native
     module is unusable. ``fallback`` takes any call it declines; ``finish`` completes a run
-    that came back unusual; ``guard``/``guard_owner``: a lock to hold and an object whose
-    ``_owner`` names the running thread meanwhile (a ``Method``'s)."""
+    that came back unusual; ``expect_in``/``expect_out``: tensors whose layouts the inputs
+    and outputs must have, or the call is declined; ``guard``/``guard_owner``: a lock to
+    hold and an object whose ``_owner`` names the running thread meanwhile (a ``Method``'s)."""
     native = _native()
     if native is None:
         return None
+    images = []
+    for tensors, count in ((expect_in, steady.n_in), (expect_out, steady.n_out)):
+        image = None if tensors is None else layouts(tensors)
+        if tensors is not None and (image is None or len(tensors) != count):
+            return None  # a layout C cannot describe: the Python path serves every call
+        images.append(image)
     module, fns, sizes = native
     ctx = steady.ctx
     return module.FastRun(
@@ -150,8 +157,7 @@ def build(
         fallback,
         finish,
         steady,
-        expect_in,
-        expect_out,
+        *images,
         guard,
         None if guard_owner is None else weakref.ref(guard_owner),
     )
