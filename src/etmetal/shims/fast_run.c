@@ -13,9 +13,10 @@
 // calling the Python path it stands in front of (the fallback) with the same arguments:
 // another number of arguments, a value that is not exactly a torch.Tensor, a tensor that
 // is not a dense CPU tensor of a dtype the records know, an output whose geometry is not
-// predicted or is too large to copy, a run lock another run holds, a nested run. A run that
-// did start but came back unusual (an error code, an output Python must take, an input
-// Python adopted) is finished by Python (`finish`), under the same locks.
+// predicted or is too large to copy, a nested run, a closed model. The locks are taken as
+// the Python path takes them (blocking, the GIL released while waiting). A run that did
+// start but came back unusual (an error code, an output Python must take, an input Python
+// adopted) is finished by Python (`finish`), under the same locks.
 //
 // Nothing is compiled against libtorch: the libtorch functions are addresses fast_run.py
 // takes from the libtorch torch has loaded, called with the C signatures of torch's
@@ -129,13 +130,14 @@ static PyObject* call_fallback(FastRun* self, PyObject* const* args, size_t narg
   return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }
 
-// true when the lock was free (or is this thread's RLock); -1: an error is set
-static int try_acquire(PyObject* acquire) {
-  PyObject* got = PyObject_CallOneArg(acquire, Py_False);
+// a blocking acquire, as the Python path's `with lock:` (a lock's acquire waits with the
+// GIL released); 1 once held, -1: an error is set. Without arguments: parsing a `blocking`
+// argument costs more than the rest of the acquire
+static int acquire_lock(PyObject* acquire) {
+  PyObject* got = PyObject_CallNoArgs(acquire);
   if (!got) return -1;
-  int ok = PyObject_IsTrue(got);
   Py_DECREF(got);
-  return ok;
+  return 1;
 }
 
 static int release_lock(PyObject* release) {
@@ -191,8 +193,7 @@ static PyObject* run_model(FastRun* self, PyObject* inputs) {
         !same_geometry(&self->expect_out[i], o->dtype, o->dim, o->sizes, o->strides))
       return Py_NewRef(Py_NotImplemented);
   }
-  int got = try_acquire(self->acquire);
-  if (got <= 0) return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+  if (acquire_lock(self->acquire) < 0) return NULL;
   PyObject* result = NULL;
   PyObject* running = PyObject_GetAttr(self->ctx, s_running);
   PyObject* model = running ? PyWeakref_GetObject(self->model_ref) : NULL;
@@ -244,18 +245,28 @@ static PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nar
   if (self->guard_acquire) {
     PyObject* owner = PyWeakref_GetObject(self->guard_owner);  // borrowed; the caller's
     if (owner == Py_None) return call_fallback(self, args, nargsf, kwnames);
-    int got = try_acquire(self->guard_acquire);
-    if (got < 0) return NULL;
-    if (!got) return call_fallback(self, args, nargsf, kwnames);
-    Py_INCREF(owner);
     PyObject* me = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-    if (!me || PyObject_SetAttr(owner, s_owner, me) < 0) {
-      Py_XDECREF(me);
+    if (!me) return NULL;
+    // this thread inside its own execute (re-entrant): the Python path refuses it by name
+    PyObject* current = PyObject_GetAttr(owner, s_owner);
+    int mine = current ? PyObject_RichCompareBool(current, me, Py_EQ) : -1;
+    Py_XDECREF(current);
+    if (mine) {
+      Py_DECREF(me);
+      return mine < 0 ? NULL : call_fallback(self, args, nargsf, kwnames);
+    }
+    if (acquire_lock(self->guard_acquire) < 0) {
+      Py_DECREF(me);
+      return NULL;
+    }
+    Py_INCREF(owner);
+    int set = PyObject_SetAttr(owner, s_owner, me);
+    Py_DECREF(me);
+    if (set < 0) {
       Py_DECREF(owner);
       release_lock(self->guard_release);
       return NULL;
     }
-    Py_DECREF(me);
     result = run_model(self, inputs);
     if (PyObject_SetAttr(owner, s_owner, Py_None) < 0) Py_CLEAR(result);
     Py_DECREF(owner);
