@@ -140,10 +140,33 @@ static int acquire_lock(PyObject* acquire) {
   return 1;
 }
 
+// run with the pending exception (the run's, if it failed) put aside and restored: a call
+// made while one is set would raise SystemError. -1: the call itself failed (its error set)
 static int release_lock(PyObject* release) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
   PyObject* r = PyObject_CallNoArgs(release);
-  if (!r) return -1;
+  if (!r) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return -1;
+  }
   Py_DECREF(r);
+  PyErr_Restore(type, value, tb);
+  return 0;
+}
+
+static int set_attr(PyObject* obj, PyObject* name, PyObject* value) {
+  PyObject *type, *val, *tb;
+  PyErr_Fetch(&type, &val, &tb);
+  if (PyObject_SetAttr(obj, name, value) < 0) {
+    Py_XDECREF(type);
+    Py_XDECREF(val);
+    Py_XDECREF(tb);
+    return -1;
+  }
+  PyErr_Restore(type, val, tb);
   return 0;
 }
 
@@ -181,25 +204,35 @@ static PyObject* run_locked(FastRun* self, PyObject* inputs, void** made) {
 }
 
 // the model's part: run lock, `running`, outputs made, etm_run (NotImplemented: declined)
+// 1 when this run can go this way: every output predicted, small, laid out as expected
+// (read under the run lock: the Python path's first run writes the predictions)
+static int outputs_served(FastRun* self) {
+  for (Py_ssize_t i = 0; i < self->n_out; i++) {
+    const etm_out* o = &self->outs[i];
+    if (o->nbytes < 0 || o->nbytes > COPY_LIMIT || o->dim > ETM_MAX_DIMS) return 0;
+    if (self->expect_out &&
+        !same_geometry(&self->expect_out[i], o->dtype, o->dim, o->sizes, o->strides))
+      return 0;
+  }
+  return 1;
+}
+
 static PyObject* run_model(FastRun* self, PyObject* inputs) {
   Py_ssize_t n_out = self->n_out;
   void* made[ETM_TABLE_SLOTS / 1024];
   if (n_out > (Py_ssize_t)(sizeof(made) / sizeof(made[0]))) return Py_NewRef(Py_NotImplemented);
-  for (Py_ssize_t i = 0; i < n_out; i++) {
-    const etm_out* o = &self->outs[i];
-    if (o->nbytes < 0 || o->nbytes > COPY_LIMIT || o->dim > ETM_MAX_DIMS)
-      return Py_NewRef(Py_NotImplemented);
-    if (self->expect_out &&
-        !same_geometry(&self->expect_out[i], o->dtype, o->dim, o->sizes, o->strides))
-      return Py_NewRef(Py_NotImplemented);
-  }
   if (acquire_lock(self->acquire) < 0) return NULL;
   PyObject* result = NULL;
   PyObject* running = PyObject_GetAttr(self->ctx, s_running);
   PyObject* model = running ? PyWeakref_GetObject(self->model_ref) : NULL;
   Py_ssize_t n_made = 0;
   if (!running) goto unlock;
-  if (running != Py_None || model == Py_None || !*self->armed) {  // nested, closed: Python's
+  // nested, closed, not armed yet: Python's. The images are shared by every run of this
+  // model, so they are written only now, under the run lock
+  int served = running == Py_None && model != Py_None && *self->armed && outputs_served(self);
+  PyObject** items = PySequence_Fast_ITEMS(inputs);
+  for (Py_ssize_t i = 0; served && i < self->n_in; i++) served = write_input(self, i, items[i]);
+  if (!served) {
     result = Py_NewRef(Py_NotImplemented);
     goto unlock;
   }
@@ -221,7 +254,7 @@ static PyObject* run_model(FastRun* self, PyObject* inputs) {
   }
   if (PyObject_SetAttr(self->ctx, s_running, model) < 0) goto unlock;
   result = run_locked(self, inputs, made);
-  if (PyObject_SetAttr(self->ctx, s_running, Py_None) < 0) Py_CLEAR(result);
+  if (set_attr(self->ctx, s_running, Py_None) < 0) Py_CLEAR(result);
 unlock:
   for (Py_ssize_t i = 0; i < n_made; i++) ((delete_fn)self->fn[F_DELETE])(made[i]);
   Py_XDECREF(running);
@@ -239,8 +272,8 @@ static PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nar
   Py_ssize_t n = PySequence_Fast_GET_SIZE(inputs);
   PyObject** items = PySequence_Fast_ITEMS(inputs);
   if (n != self->n_in) return call_fallback(self, args, nargsf, kwnames);
-  for (Py_ssize_t i = 0; i < n; i++)
-    if (!write_input(self, i, items[i])) return call_fallback(self, args, nargsf, kwnames);
+  for (Py_ssize_t i = 0; i < n; i++)  // not a tensor this path serves: decline at once
+    if (Py_TYPE(items[i]) != self->tensor_type) return call_fallback(self, args, nargsf, kwnames);
   PyObject* result;
   if (self->guard_acquire) {
     PyObject* owner = PyWeakref_GetObject(self->guard_owner);  // borrowed; the caller's
@@ -268,7 +301,7 @@ static PyObject* fast_call(PyObject* callable, PyObject* const* args, size_t nar
       return NULL;
     }
     result = run_model(self, inputs);
-    if (PyObject_SetAttr(owner, s_owner, Py_None) < 0) Py_CLEAR(result);
+    if (set_attr(owner, s_owner, Py_None) < 0) Py_CLEAR(result);
     Py_DECREF(owner);
     if (release_lock(self->guard_release) < 0) Py_CLEAR(result);
   } else {
