@@ -60,11 +60,15 @@ _LIBTORCH_CPU = (
 _WRAP = "_Z16THPVariable_WrapRKN2at10TensorBaseE"  # THPVariable_Wrap(const at::TensorBase&)
 
 
+def python_include() -> str:
+    """The folder of ``Python.h`` of this interpreter (the extension's one include)."""
+    return sysconfig.get_paths()["include"]
+
+
 def _build() -> Path:
-    include = sysconfig.get_paths()["include"]
     files = {SOURCE.name: SOURCE.read_bytes(), HEADER.name: HEADER.read_bytes()}
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    flags = ("-O2", "-std=c11", f"-I{include}", *WARNINGS, "-Wno-missing-field-initializers")
+    flags = ("-O2", "-std=c11", f"-I{python_include()}", *WARNINGS)
     return build_files("fast_run", MODULE + suffix, files, [SOURCE.name], flags=flags)
 
 
@@ -161,3 +165,27 @@ def build(
         guard,
         None if guard_owner is None else weakref.ref(guard_owner),
     )
+
+
+def install(model: Any, runner: Any, method: Callable[..., Any]) -> None:
+    """Put a ``FastRun`` of ``runner``'s steady run in front of ``model.run`` (``method``,
+    the class's own, is the fallback); nothing when the model has no steady run."""
+    if runner.steady is None:
+        return
+    fast = build(
+        runner.steady,
+        model,
+        fallback=functools.partial(_call_by_ref, weakref.ref(model), method),
+        finish=runner.finish_fast,
+    )
+    if fast is not None:
+        model.run = fast
+
+
+def _call_by_ref(ref: weakref.ref, method: Callable[..., Any], *args, **kwargs) -> Any:
+    """``method`` of the object ``ref`` names: a ``FastRun``'s fallback holds its model
+    weakly, so dropping the model still closes it at once."""
+    target = ref()
+    if target is None:
+        raise ReferenceError("the model of this run was garbage collected")
+    return method(target, *args, **kwargs)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -356,19 +354,9 @@ class AotiModel:
             self._constant_handles = [*self._constant_handles, *aliases, *native_aliases]
 
     def _install_fast_run(self) -> None:
-        """Serve ``run(inputs)`` by a ``FastRun`` (fast_run.py) once the steady run is
-        armed: an instance attribute in front of the method, which it falls back to."""
-        runner = self._runner
-        if runner.steady is None:
-            return
-        fast = fast_run.build(
-            runner.steady,
-            self,
-            fallback=functools.partial(_run_by_ref, weakref.ref(self)),
-            finish=runner.finish_fast,
-        )
-        if fast is not None:
-            self.run = fast
+        """Serve ``run(inputs)`` by a ``FastRun`` once the steady run is armed: an instance
+        attribute in front of the method, which it falls back to (``fast_run.install``)."""
+        fast_run.install(self, self._runner, AotiModel.run)
 
     def fast_run(self, **kwargs) -> object | None:
         """A ``FastRun`` of this model for another caller (a ``.pte`` method's direct
@@ -442,12 +430,3 @@ class AotiModel:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # never raise from a finalizer
             self.close()
-
-
-def _run_by_ref(ref: weakref.ref, *args, **kwargs) -> list[torch.Tensor]:
-    """``AotiModel.run`` of the model ``ref`` names (a ``FastRun``'s fallback: it holds
-    its model weakly, so dropping the model still closes it at once)."""
-    model = ref()
-    if model is None:
-        raise AotiModelError("the model was garbage collected")
-    return AotiModel.run(model, *args, **kwargs)
