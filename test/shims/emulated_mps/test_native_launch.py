@@ -15,7 +15,7 @@ import torch
 from etmetal.backend.aoti_compile import compile_exported_program
 from etmetal.examples import metal_registry
 from etmetal.examples.demo import DEMO_MODELS, get_demo
-from etmetal.shims import AotiModel, default_context
+from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 from etmetal.testing.mps_hostile import CASES
 
@@ -150,14 +150,36 @@ def test_the_checker_and_the_python_implementation_launch_through_python():
 
     ctx = default_context()
     lib = h._lib()
+    # one kernel and one output tensor, deleted at the end: this runs in the suite's process,
+    # so it must leave no shim tensor behind for later tests' memory checks
+    live = memory_stats().live()
+    library_handle, fn = _fill_function(lib, h)
+    out = h.mps_tensor(lib, 1 << 16)
 
     def launch_counts() -> tuple[int, int]:
         c = ctx.load_bridge().shim_counts().get("aoti_torch_mps_dispatch_single", (0, 0))
-        fn = h._bound_fill(lib, 0)
+        lib.aoti_torch_mps_start_encoding(fn)
+        lib.aoti_torch_mps_set_arg_tensor(fn, 0, out)
+        lib.aoti_torch_mps_set_arg_int(fn, 1, 0)
         assert lib.aoti_torch_mps_dispatch_single(fn, 16) == 0, h._error()
         after = ctx.load_bridge().shim_counts()["aoti_torch_mps_dispatch_single"]
         return after[0] - c[0], after[1] - c[1]
 
+    try:
+        _launch_through_each_implementation(ctx, native_launch, launch_counts)
+    finally:
+        lib.aoti_torch_delete_tensor_object(out)
+        lib.aoti_torch_mps_delete_shader_library(library_handle)
+    assert memory_stats().live() == live
+
+
+def _fill_function(lib, h) -> tuple[int, int]:
+    rc, library_handle = h.library(lib, h.KERNELS)
+    assert rc == 0, h._error()
+    return library_handle, h.function(lib, library_handle, b"fill")
+
+
+def _launch_through_each_implementation(ctx, native_launch, launch_counts) -> None:
     before = native_launch.dispatches(ctx)
     assert launch_counts() == (1, 0)
     previous = mps_device.set_metal_check(ctx, "memcheck")
