@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 import threading
 import weakref
@@ -179,3 +180,19 @@ def test_ten_thousand_fast_runs_leave_storages_refcounts_and_rss_flat(model):
     assert refs1 == refs0
     assert held == 2  # the list and the call's argument: the fast run keeps no reference
     assert r1 - r0 < MIB, f"RSS grew {(r1 - r0) / 1024:.0f} KiB"
+
+
+def test_the_environment_switch_leaves_every_run_to_python(art):
+    code = (
+        "import sys, torch\n"
+        "from etmetal.shims import AotiModel\n"
+        "m = AotiModel(sys.argv[1], open(sys.argv[2], 'rb').read())\n"
+        "x = torch.randn(4, 16)\n"
+        "a, b = m.run([x]), m.run([x])\n"
+        "assert type(m.run).__name__ == 'method', type(m.run)\n"
+        "assert torch.equal(a[0], b[0])\n"
+    )
+    env = {**os.environ, "ETMETAL_FAST_RUN": "0", "PYTHONWARNINGS": "ignore"}
+    args = [sys.executable, "-c", code, str(art[1].so_path), str(art[1].weights_path)]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
