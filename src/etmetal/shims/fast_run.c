@@ -25,6 +25,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "native_tensors.h"
 
@@ -73,7 +74,10 @@ typedef struct {
   PyObject* guard_release;
   PyObject* guard_owner;  // weakref: the owner holds this object
   long long fast_runs, fallbacks;
+  int release_gil;  // > 0: release the GIL around the next runs (see run_locked)
 } FastRun;
+
+#define RELEASE_RUNS 64
 
 static PyObject* s_running;
 static PyObject* s_owner;
@@ -174,9 +178,25 @@ static int set_attr(PyObject* obj, PyObject* name, PyObject* value) {
 static PyObject* run_locked(FastRun* self, PyObject* inputs, void** made) {
   etm_call* c = self->call;
   int32_t rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = self->etm_run(c);
-  Py_END_ALLOW_THREADS
+  // The GIL is released around runs only while recent runs were long: a run that fits
+  // between two ticks of the coarse clock (a few ms; CPython itself hands the GIL to a
+  // waiting thread only every 5 ms) keeps it, since dropping and retaking it costs a small
+  // model's run several percent. A run that crossed a tick makes the next RELEASE_RUNS
+  // release it again; shims that call Python meanwhile run on this thread either way
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t0);
+  if (self->release_gil > 0) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = self->etm_run(c);
+    Py_END_ALLOW_THREADS
+  } else {
+    rc = self->etm_run(c);
+  }
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t1);
+  if (t1.tv_nsec != t0.tv_nsec || t1.tv_sec != t0.tv_sec)
+    self->release_gil = RELEASE_RUNS;
+  else if (self->release_gil > 0)
+    self->release_gil--;
   Py_ssize_t n_out = self->n_out;
   if (rc == ETM_NO_SLOT) return Py_NewRef(Py_NotImplemented);  // nothing ran
   PyObject* results = PyList_New(n_out);
@@ -372,6 +392,7 @@ static PyObject* fast_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) 
     return NULL;
   }
   self->vectorcall = fast_call;
+  self->release_gil = RELEASE_RUNS;  // until runs show they are short
   memcpy(self->itemsize, sizes.buf, ETM_NDTYPES);
   PyBuffer_Release(&sizes);
   for (int i = 0; i < F_COUNT; i++) {
