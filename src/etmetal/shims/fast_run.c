@@ -242,16 +242,21 @@ static PyObject* run_model(FastRun* self, PyObject* inputs) {
   void* made[ETM_TABLE_SLOTS / 1024];
   if (n_out > (Py_ssize_t)(sizeof(made) / sizeof(made[0]))) return Py_NewRef(Py_NotImplemented);
   if (acquire_lock(self->acquire) < 0) return NULL;
-  PyObject* result = NULL;
+  PyObject *result = NULL, *held = NULL;
   PyObject* running = PyObject_GetAttr(self->ctx, s_running);
   PyObject* model = running ? PyWeakref_GetObject(self->model_ref) : NULL;
   Py_ssize_t n_made = 0;
   if (!running) goto unlock;
   // nested, closed, not armed yet: Python's. The images are shared by every run of this
-  // model, so they are written only now, under the run lock
-  int served = running == Py_None && model != Py_None && *self->armed && outputs_served(self);
-  PyObject** items = PySequence_Fast_ITEMS(inputs);
-  for (Py_ssize_t i = 0; served && i < self->n_in; i++) served = write_input(self, i, items[i]);
+  // model, so they are written only now, under the run lock, from the caller's sequence
+  // read again (waiting for the lock let other threads run) and held: the run reads the
+  // inputs' memory whatever the caller's list goes through meanwhile
+  held = PySequence_Tuple(inputs);
+  if (!held) goto unlock;
+  int served = running == Py_None && model != Py_None && *self->armed && outputs_served(self) &&
+               PyTuple_GET_SIZE(held) == self->n_in;
+  for (Py_ssize_t i = 0; served && i < self->n_in; i++)
+    served = write_input(self, i, PyTuple_GET_ITEM(held, i));
   if (!served) {
     result = Py_NewRef(Py_NotImplemented);
     goto unlock;
@@ -273,10 +278,11 @@ static PyObject* run_model(FastRun* self, PyObject* inputs) {
     goto unlock;
   }
   if (PyObject_SetAttr(self->ctx, s_running, model) < 0) goto unlock;
-  result = run_locked(self, inputs, made);
+  result = run_locked(self, held, made);
   if (set_attr(self->ctx, s_running, Py_None) < 0) Py_CLEAR(result);
 unlock:
   for (Py_ssize_t i = 0; i < n_made; i++) ((delete_fn)self->fn[F_DELETE])(made[i]);
+  Py_XDECREF(held);
   Py_XDECREF(running);
   if (release_lock(self->release) < 0) Py_CLEAR(result);
   return result;
