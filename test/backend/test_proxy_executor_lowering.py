@@ -14,7 +14,7 @@ from etmetal.backend.lowering import lower
 from etmetal.backend.metal_partitioner import MetalPartitioner
 from etmetal.common.delegate_blobs import EXTERN_NODES_SUFFIX
 from etmetal.runtime import Runtime
-from etmetal.shims import default_context
+from etmetal.shims import default_context, proxy_native
 from etmetal.testing.pte_blobs import metal_delegates
 
 
@@ -45,7 +45,10 @@ def _extern_keys(pte: bytes) -> list[str]:
 
 
 def _proxy_calls() -> int:
-    return sum(e.calls for e in default_context().proxy_executors.values())
+    """Calls the proxy executor served: the Python one's (the reference, and ``mps``
+    devices) plus the native one's (host models on the native implementation)."""
+    python = sum(e.calls for e in default_context().proxy_executors.values())
+    return python + proxy_native.calls()
 
 
 def _load_and_run(pte: bytes, x: torch.Tensor):

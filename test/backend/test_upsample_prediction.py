@@ -21,7 +21,7 @@ from etmetal.backend.lowering import lower
 from etmetal.backend.mps_abi import fallback_calls_in_source
 from etmetal.common.fallback_table import PROXY_EXECUTOR_SHIM
 from etmetal.runtime import Runtime
-from etmetal.shims import default_context
+from etmetal.shims import default_context, proxy_native
 
 aten = torch.ops.aten
 
@@ -103,7 +103,10 @@ def _wrapper_calls(artifact) -> set[str]:
 
 
 def _proxy_calls() -> int:
-    return sum(e.calls for e in default_context().proxy_executors.values())
+    """Calls either proxy executor served: the Python one's and (host models on the
+    native implementation) the native one's."""
+    python = sum(e.calls for e in default_context().proxy_executors.values())
+    return python + proxy_native.calls()
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,9 @@ its build does. Sources of ``stock_runtime/`` include ExecuTorch's runtime heade
 include folders and definitions, as their build does (``executorch_compile_flags``), the
 ``shims/`` folder (the native layer the MetalBackend links) and the two includes its build
 generates (``itemsizes.inc``, ``wrapper_template.inc``, written by ``stock_runtime.build``).
+The proxy library's units (``shims/proxy_native.cpp``, ``proxy_parse.cpp``, ``proxy_nodes.h``)
+include torch's C++ headers and the rules table their build generates (``proxy_rules.h``):
+they get both, as their build does (``proxy_native``).
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ CXX_HEADERS = {
     f"{MSL}/msl_abi.h": "-std=c++17",
     f"{MSL}/msl_compat.h": "-std=c++20",
     f"{MSL}/msl_check.h": "-std=c++20",  # msl_compat.h's part for a checked build
+    "shims/proxy_json.h": "-std=c++17",  # the native proxy executor's JSON reader
 }
 HEADER_PARTS = {
-    f"{MSL}/{n}": f"{MSL}/msl_compat.h" for n in ("msl_types.h", "msl_math.h", "msl_sync.h")
+    f"{MSL}/{n}": f"{MSL}/msl_compat.h"
+    for n in ("msl_types.h", "msl_math.h", "msl_sync.h", "msl_split.h")
 }
 BRIDGE_FRAGMENTS = {
     f"{MSL}/{n}" for n in ("bridge_source.cpp", "mps_encoder.cpp", "mps_buffers.cpp")
@@ -92,7 +97,7 @@ def test_the_standard_of_the_msl_header_is_the_one_its_build_uses():
 def stock_generated(tmp_path_factory) -> Path:
     """The includes the builds generate (the fallbacks' and ``stock_runtime.build``'s), as
     the builds write them."""
-    from etmetal.shims import fallback_codegen
+    from etmetal.shims import fallback_codegen, proxy_rules
     from etmetal.stock_runtime import build
 
     directory = tmp_path_factory.mktemp("stock-generated")
@@ -100,6 +105,7 @@ def stock_generated(tmp_path_factory) -> Path:
     for name, content in fallback_codegen.files().items():
         (directory / name).write_bytes(content)
     (directory / "itemsizes.inc").write_bytes(build._itemsize_include())
+    (directory / proxy_rules.HEADER_NAME).write_text(proxy_rules.generate())
     template = build._template_include(build.wrapper_template())
     (directory / "wrapper_template.inc").write_bytes(template)
     return directory
@@ -110,7 +116,12 @@ def _context(rel: str, request) -> tuple[str, ...]:
         from etmetal.shims.fast_run import python_include
 
         return ("-I", python_include())
-    if rel.startswith("shims/native_fallbacks."):
+    # the proxy library's units, the only ones built against torch's C++ headers
+    if rel in {"shims/proxy_native.cpp", "shims/proxy_parse.cpp", "shims/proxy_nodes.h"}:
+        from etmetal.shims.proxy_native import torch_compile_flags
+
+        return (*torch_compile_flags(), "-I", str(request.getfixturevalue("stock_generated")))
+    if rel.startswith("shims/native_fallbacks.") or rel == "shims/proxy_host.cpp":
         return ("-I", str(request.getfixturevalue("stock_generated")))
     if rel.startswith("stock_runtime/"):
         from etmetal.stock_runtime.runner import executorch_compile_flags

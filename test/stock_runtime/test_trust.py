@@ -1,6 +1,6 @@
 """Through the stock runtime, etmetal's native MetalBackend refuses what etmetal's runtime
 refuses: untrusted native code (with how to opt in), blobs that do not match their keys,
-a target other than ``host`` and a ``.so`` that needs the proxy executor; each opt-in of
+a target other than ``host`` and an extern-node table that does not match its key; each opt-in of
 the trust policy loads the program, and a later ``register`` call changes the policy."""
 
 from __future__ import annotations
@@ -153,9 +153,10 @@ def test_an_extern_node_table_that_does_not_match_its_key_is_refused(stock_lower
     stock.register(trust_native_code=True)
     message = _refused(_flip(low.pte, table))
     assert "extern-node table blob does not match its key" in message
-    # intact and trusted, the table still needs the proxy executor, which is not native yet
-    message = _refused(low.pte)
-    assert "proxy executor" in message and "etmetal.runtime.Runtime" in message
+    # intact and trusted, it runs: the native proxy executor serves the table's operator
+    [got] = _load(low.pte).execute(list(low.inputs))
+    with torch.no_grad():
+        torch.testing.assert_close(got, low.module(*low.inputs), atol=1e-5, rtol=1e-5)
     # and a .so digest never vouches for a delegate with a table
     stock.register(trusted_blob_hashes=[d.keys[0][:64]])
     assert "extern-node table" in _refused(low.pte)
@@ -223,3 +224,54 @@ def test_a_method_never_destroyed_leaves_no_directory_at_exit(stock_lowered, tmp
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-1] == "1"  # it was there while the method lived
     assert not [p for p in os.listdir(tmp) if p.startswith("etmetal-stock")]
+
+
+_CHILD_LOAD = (
+    "import sys, etmetal.stock_runtime as s\n"
+    "from executorch.runtime import Runtime\n"
+    "s.register(trust_native_code=True)\n"
+    "try:\n"
+    "    Runtime.get().load_program(open(sys.argv[1], 'rb').read()).load_method('forward')\n"
+    "except RuntimeError:\n"
+    "    sys.stdout.buffer.write(s.last_error().encode())\n"
+    "else:\n"
+    "    print('loaded')\n"
+)
+
+
+@pytest.mark.parametrize("where", ["so_key", "constant_name"])
+def test_a_message_quoting_bytes_that_are_not_utf8_is_printable_ascii(
+    where, stock_lowered, tmp_path
+):
+    # the pybind log sink decodes each message as UTF-8: a raw 0xff in one aborted the
+    # process (SIGABRT), so the load runs in a child that must exit normally
+    low = stock_lowered("trust:linear", _linear)
+    d = metal_delegates(low.pte)[0]
+    if where == "so_key":  # "<sha256>_\xff\xfe_so_blob": a well-formed key naming nothing
+        parsed = deserialize_pte_binary(low.pte)
+        [inline] = parsed.program.backend_delegate_data
+        so_key, rest = bytes(inline.data).split(b"\n", 1)
+        inline.data = so_key[:65] + b"\xff\xfe" + so_key[64:] + b"\n" + rest
+        pte = bytes(serialize_pte_binary(parsed, extract_delegate_segments=True))
+    else:  # the (re-keyed) weights index: raw bytes in a constant's fqn, a wrong size
+        entry = d.index[0]
+        fqn, size = f'"fqn":"{entry["fqn"]}"'.encode(), f'"nbytes":{entry["nbytes"]}'.encode()
+        index = d.weights.replace(fqn, fqn[:-1] + b'\xff\xfe"', 1)
+        index = index.replace(size, size + b"0", 1)
+        assert index.count(b"\xff\xfe") == 1 and index.count(size + b"0") == 1
+        pte = replace_named(low.pte, {d.keys[1]: index})
+    (tmp_path / "model.pte").write_bytes(pte)
+    src = str(Path(stock.__file__).parents[2])  # this checkout's etmetal
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD_LOAD, str(tmp_path / "model.pte")],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    message = proc.stdout.strip()
+    assert message and message != b"loaded"
+    assert all(0x20 <= c < 0x7F for c in message), message  # printable ASCII only
+    assert b"\\xff\\xfe" in message  # the bad bytes are named, escaped
+    assert b"MetalBackend delegate" in message

@@ -1,7 +1,7 @@
 """Native shims against the Python reference and torch's AOTI runner (``etmetal bench native``).
 
-For the two-method LM (decode step, prefill) and the tiny model (through the shims and
-through the ``.pte`` path), run interleaved in one process: torch's own runner over the
+For the two-method LM (decode step, prefill), the tiny model (through the shims and
+through the ``.pte`` path) and a model whose ``.so`` calls the proxy executor, run interleaved in one process: torch's own runner over the
 same exported method built with libtorch, and etmetal on its native shims and on its
 Python shims (``ShimContext.set_implementation``). Each arm reports the median CPU time
 (``time.process_time``) beside the median wall time, and etmetal's arms the shim calls
@@ -215,6 +215,58 @@ def bench_tiny(repeat: int, budget: float, tmp: Path) -> dict:
     return result
 
 
+class _AntialiasedUpsample(torch.nn.Module):
+    """An ATen operator without a C shim: every run calls the proxy executor once."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.interpolate(x, size=(14, 18), mode="bicubic", antialias=True)
+        return y.tanh()
+
+
+def bench_proxy(repeat: int, budget: float, tmp: Path) -> dict:
+    """A model whose ``.so`` calls the proxy executor: torch's runner (libtorch's own
+    proxy executor over the table beside the ``.so``), etmetal's native executor, the
+    Python executor, and the stock runtime's backend."""
+    import shutil
+
+    from etmetal.backend.aoti_compile import compile_exported_program
+    from etmetal.backend.lowering import lower
+    from etmetal.bench.delegate import stock_method, torch_runner
+    from etmetal.shims import AotiModel, default_context
+
+    module, inputs = _AntialiasedUpsample().eval(), [torch.randn(1, 3, 8, 10)]
+    ep = torch.export.export(module, tuple(inputs))
+    art, torch_art = compile_exported_program(ep), compile_exported_program(ep, link_libtorch=True)
+    # torch's runner finds the table as <so stem>.json beside the .so
+    shutil.copy(torch_art.so_path, tmp / "proxy_model.so")
+    shutil.copy(torch_art.extern_nodes_path, tmp / "proxy_model.json")
+    runner = torch_runner(tmp / "proxy_model.so", torch_art.weights_path)
+    ctx = default_context()
+    native = AotiModel(
+        art.so_path, art.weights_path.read_bytes(), extern_nodes=art.extern_nodes_bytes()
+    )
+    program, _ = lower(module, tuple(inputs), target="host")
+    (tmp / "proxy.pte").write_bytes(program.buffer)
+    stock = stock_method(tmp / "proxy.pte")
+    with torch.no_grad():
+        want = module(*inputs)
+    for got in (native.run(inputs)[0], runner.run(inputs)[0], stock.execute(inputs)[0]):
+        if not torch.allclose(got, want, atol=1e-5):
+            raise SystemExit("native_shims: proxy: outputs differ from eager")
+    arms = [
+        ("torch_aoti", lambda: runner.run(inputs)),
+        ("etmetal_shims", lambda: native.run(inputs)),
+        ("etmetal_shims_py", _switching(ctx, "python", lambda: native.run(inputs))),
+        ("stock_runtime", lambda: stock.execute(inputs)),
+    ]
+    timings = interleaved_cpu(arms, repeat=repeat, inner=500, budget_s=budget)
+    counts = {name: counts_per_run(ctx, fn) for name, fn in arms[1:3]}
+    counts["stock_runtime"] = stock_counts_per_run(arms[3][1])
+    result = {"proxy_upsample": _report("proxy_upsample", timings, counts)}
+    native.close()
+    return result
+
+
 # issue 25's targets, CPU time over torch's runner: (case prefix, arm) -> at most
 TARGETS = {
     ("tiny", "etmetal_shims"): 1.5,
@@ -269,7 +321,7 @@ def run_all(
     write_md: Path | None = None,
     command: str = "etmetal bench native",
 ) -> int:
-    """The tiny model, then (``lm``) the two-method LM's decode and prefill, each arm
+    """The tiny model, the proxy model, then (``lm``) the LM's decode and prefill, each arm
     interleaved; prints as it goes, and (``write_md``) writes the section of the report."""
     torch.set_num_threads(threads)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -277,6 +329,7 @@ def run_all(
     print("medians of interleaved runs, CPU time beside wall time:")
     with tempfile.TemporaryDirectory() as tmp:
         results = bench_tiny(repeat, budget, Path(tmp))
+        results.update(bench_proxy(repeat, budget, Path(tmp)))
         if lm:
             programs = programs or Path(tmp)
             programs.mkdir(parents=True, exist_ok=True)

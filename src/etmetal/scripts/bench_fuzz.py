@@ -1,5 +1,8 @@
-"""``etmetal bench fuzz --cases N [--family operators]``: the seeded fuzz campaign of :mod:`etmetal.testing.fuzz`
-over Metal-delegated programs; prints its outcome counts and the bad cases."""
+"""``etmetal bench fuzz --cases N [--family operators] [--runtime stock]``: the seeded fuzz
+campaign of :mod:`etmetal.testing.fuzz` over Metal-delegated programs, run by etmetal's
+runtime or (``--runtime stock``, :mod:`etmetal.testing.fuzz_stock_worker`) by the stock
+ExecuTorch runtime with etmetal's native backend; prints its outcome counts and the bad
+cases."""
 
 from __future__ import annotations
 
@@ -23,14 +26,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tables naming random registered and unregistered operators",
     )
     parser.add_argument(
+        "--runtime",
+        choices=("etmetal", "stock"),
+        default="etmetal",
+        help="etmetal: etmetal's Python runtime; stock: executorch.runtime with etmetal's "
+        "native MetalBackend (the delegate family's program kinds: pte, weights, processed)",
+    )
+    parser.add_argument(
         "--kinds",
         default=None,
         help="with --family delegate: comma-separated case kinds "
-        "(default all: pte,weights,processed,shim,metal_shims)",
+        "(default all: pte,weights,processed,shim,metal_shims; with --runtime stock: "
+        "pte,weights,processed)",
     )
 
 
+_WORKERS = {
+    "etmetal": ("-m", "etmetal.testing.fuzz_worker"),
+    "stock": ("-m", "etmetal.testing.fuzz_stock_worker"),
+}
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.runtime == "stock" and args.family != "delegate":
+        raise SystemExit("--runtime stock runs the delegate family only")
     with tempfile.TemporaryDirectory(prefix="etmetal-fuzz-") as tmp:
         # the operators family edits its own x + 1 program: no delegated seeds to build
         seeds = build_seeds(Path(tmp)) if args.family == "delegate" else Path(tmp)
@@ -38,10 +57,16 @@ def run(args: argparse.Namespace) -> int:
         kinds = args.kinds.split(",") if args.kinds else None
         by_kind: Counter = Counter()
         counts, bad = run_campaign(
-            seeds, args.cases, args.seed, kinds=kinds, by_kind=by_kind, family=args.family
+            seeds,
+            args.cases,
+            args.seed,
+            worker=_WORKERS[args.runtime],
+            kinds=kinds,
+            by_kind=by_kind,
+            family=args.family,
         )
         elapsed = time.perf_counter() - start
-    print(summary(counts) + f" ({elapsed:.1f} s)")
+    print(summary(counts) + f" ({elapsed:.1f} s, {args.runtime} runtime)")
     if by_kind:
         split = ", ".join(f"{k} {o}: {n}" for (k, o), n in sorted(by_kind.items()))
         print(f"  by kind: {split}")

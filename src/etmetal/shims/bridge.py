@@ -34,7 +34,7 @@ from etmetal.shims.abi_codes import constant_shims
 from etmetal.shims.model_link import WARNINGS, NativeBuildError, build_files, cache_root
 from etmetal.shims.record_table import Records
 
-from . import abi, fallback_codegen, native_fallbacks, native_tensors
+from . import abi, fallback_codegen, native_fallbacks, native_tensors, proxy_native
 from .device import BridgeSource
 
 
@@ -118,6 +118,7 @@ def _native_path(decl: abi.Decl, device_paths: Mapping[str, str]) -> str:
         device_paths.get(decl.name)
         or native_tensors.NATIVE_PATHS.get(decl.name)
         or native_fallbacks.NATIVE_PATHS.get(decl.name)
+        or proxy_native.NATIVE_PATHS.get(decl.name)
     )
     if served is not None:
         return served.replace(_COUNT, "ETM_HIT_NATIVE();")
@@ -177,6 +178,7 @@ _HEADER = (
     "#include <string>\n"
     '#include "native_tensors.h"\n'
     '#include "native_fallbacks.h"\n'
+    '#include "proxy_host.h"\n'
 )
 
 _GLOBALS = """ETM_EXPORT uint64_t etm_calls = 0;
@@ -259,11 +261,13 @@ def build(source: str) -> Path:
             native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
             native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
             **fallback_codegen.files(),
+            **proxy_native.host_files(),
         }
         compiled = [
             "libetmetal_bridge.cpp",
             native_tensors.SOURCE.name,
             native_fallbacks.SOURCE.name,
+            proxy_native.HOST_SOURCE.name,
         ]
         return build_files(
             "bridge",
@@ -376,6 +380,16 @@ class Bridge:
         # and libtorch: the fallbacks go to the (unbound) Python half, and a storage
         # libtorch made that is still held at exit is left to the process's end
         native_fallbacks.unbind(self.lib)
+
+    def serve_proxy(self, handle: int, executor: proxy_native.NativeProxyExecutor | None) -> None:
+        """Serve the proxy executor handle ``handle`` with the native ``executor`` (None:
+        stop; its calls then go to the Python executor registered for it)."""
+        if executor is not None:
+            entry = ctypes.c_void_p.in_dll(self.lib, "etm_proxy_entry")
+            entry.value = proxy_native.entry_address()
+        bind = self.lib.etm_proxy_bind
+        bind.argtypes, bind.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int32
+        bind(handle, None if executor is None else executor.address)
 
     def shim_counts(self) -> dict[str, tuple[int, int]]:
         """Shim name -> (calls served in C, calls that went to Python) since the load,

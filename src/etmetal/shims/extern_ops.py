@@ -87,6 +87,34 @@ def _custom_op_defined_here(qualname: str) -> bool:
     return qualname in defs
 
 
+# why refusal() refuses, one sentence per rule: the native executor's rules table
+# (shims/proxy_rules.py) is generated from these and the sets above, so the two
+# implementations give the same words
+REASON_DENIED = (
+    "its effect reaches beyond its tensor arguments (files, process state or unchecked memory)"
+)
+REASON_STORAGE = "it takes a raw storage"
+REASON_SIDE_EFFECT = "it returns nothing and writes no argument: it exists for a side effect"
+REASON_TORCH_NAMESPACE = "'{namespace}' operators are torch internals, not custom operators"
+REASON_NOT_DEFINED_HERE = (
+    "it was not defined with torch.library in this process (an operator registered "
+    "from C++ must be allowed with etmetal.shims.extern_ops.allow_extern_operator)"
+)
+DENIED_ATEN = _DENIED_ATEN
+DENIED_ATEN_PATTERN = _DENIED_ATEN_PATTERN
+
+
+def explicit_names() -> tuple[str, ...]:
+    """The names :func:`allow_extern_operator` allowed, sorted."""
+    with _lock:
+        return tuple(sorted(_explicit))
+
+
+def custom_op_qualnames() -> tuple[str, ...]:
+    """The operators ``torch.library`` defined in this process (``ns::name``), sorted."""
+    return tuple(sorted(str(d) for d in getattr(torch.library, "_defs", ())))
+
+
 def refusal(namespace: str, name: str, overload: str, schema: torch.FunctionSchema) -> str | None:
     """Why an extern-node table may not call ``namespace::name.overload``; None if it may."""
     qualname = f"{namespace}::{name}"
@@ -96,18 +124,15 @@ def refusal(namespace: str, name: str, overload: str, schema: torch.FunctionSche
             return None
     if namespace == "aten":
         if name in _DENIED_ATEN or _DENIED_ATEN_PATTERN.match(name):
-            return "its effect reaches beyond its tensor arguments (files, process state or unchecked memory)"
+            return REASON_DENIED
         if any("Storage" in str(a.type) for a in schema.arguments):
-            return "it takes a raw storage"
+            return REASON_STORAGE
         writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
         if not schema.returns and not writes:
-            return "it returns nothing and writes no argument: it exists for a side effect"
+            return REASON_SIDE_EFFECT
         return None
     if namespace in TORCH_NAMESPACES:
-        return f"'{namespace}' operators are torch internals, not custom operators"
+        return REASON_TORCH_NAMESPACE.format(namespace=namespace)
     if not _custom_op_defined_here(qualname):
-        return (
-            "it was not defined with torch.library in this process (an operator registered "
-            "from C++ must be allowed with etmetal.shims.extern_ops.allow_extern_operator)"
-        )
+        return REASON_NOT_DEFINED_HERE
     return None

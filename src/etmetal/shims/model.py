@@ -27,6 +27,7 @@ from .model_run import (
 )
 from .native_fallbacks import check_implementation
 from .proxy_executor import ExternNodeError, ProxyExecutor
+from .proxy_native import NativeProxyExecutor
 from .standard_context import default_context
 from .steady_run import SteadyRun
 from .storage import HostAllocator, ShimError
@@ -146,6 +147,7 @@ class AotiModel:
         self._runner: ModelRunner | None = None  # made with the container (``model_run``)
         self._lib = None
         self._proxy: int | None = None
+        self._native_proxy: NativeProxyExecutor | None = None
         self.constants = dict(constants) if constants is not None else None
         self._constant_handles: list[int] = []
         self._bridge: Bridge = ctx.load_bridge()
@@ -193,6 +195,7 @@ class AotiModel:
             raise AotiModelError(f"loading {self.so_path} failed: {exc}") from exc
         if executor is not None:
             self._proxy = ctx.register_proxy_executor(executor)
+            self._serve_proxy_natively(text)
         self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
         self._bind_api()
         ctx.model_opened(self)
@@ -214,6 +217,21 @@ class AotiModel:
                     raise
             finally:
                 ctx.running = None
+
+    def _serve_proxy_natively(self, text: str | bytes) -> None:
+        """On the native implementation, a host model's proxy calls are served by the
+        native executor (``proxy_native``), parsed once here; the Python executor stays
+        registered for the calls it does not serve (and as the reference)."""
+        if self.shims != "native" or self._device_type != DEVICE_CPU:
+            return
+        try:
+            native = NativeProxyExecutor(text)
+        except ExternNodeError as exc:
+            self.context.unregister_proxy_executor(self._proxy)
+            self._proxy = None
+            raise AotiModelError(f"{self.so_path.name}: {exc}") from exc
+        self._native_proxy = native
+        self._bridge.serve_proxy(self._proxy, native)
 
     @property
     def weights_span(self) -> tuple[int, int]:
@@ -271,9 +289,12 @@ class AotiModel:
                     handle.value,
                     self.num_inputs,
                     self.num_outputs,
+                    self._proxy,
                 )
-                # (and passes no proxy executor: models with one run the general way)
-                if self.device == CPU_DEVICE and self._proxy is None
+                # a model with an extern-node table runs it when the native executor
+                # serves its proxy calls; on the Python executor it runs the general way
+                if self.device == CPU_DEVICE
+                and (self._proxy is None or self._native_proxy is not None)
                 else None
             )
             self._runner = ModelRunner(
@@ -397,6 +418,10 @@ class AotiModel:
         self._blob_owner = None
         self._blob_ptr = 0
         if self._proxy is not None:
+            if self._native_proxy is not None:
+                self._bridge.serve_proxy(self._proxy, None)
+                self._native_proxy.close()
+                self._native_proxy = None
             self.context.unregister_proxy_executor(self._proxy)
             self._proxy = None
         if getattr(self, "_counted", False):

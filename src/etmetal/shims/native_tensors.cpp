@@ -375,6 +375,37 @@ int etm_native_adopt(void* owner, void* data, int64_t storage_bytes, int64_t ndi
   return 1;
 }
 
+int etm_native_rebind(void* h, void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                      const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype) {
+  etm_rec* r = etm_rec_of(h);
+  if (!r || !r->native) return 0;
+  void* made = nullptr;
+  if (!etm_native_adopt(owner, data, storage_bytes, ndim, sizes, strides, offset, dtype, &made))
+    return 0;
+  etm_rec old = *r;
+  etm_rec* m = (etm_rec*)made;
+  std::memcpy(r, m, sizeof(etm_rec));  // the handle keeps its address: the .so holds it
+  etm_slot_give(m);
+  // what the handle named before loses its reference (etm_native_delete without the slot)
+  void* before = old.native == 2 ? nullptr : etm_block_data(&old);
+  if (old.native == 1) etm_block_unref(before, nullptr);
+  else if (old.native == 3) etm_block_unref(before, etm_foreign_at(before));
+  else etm_native_borrowed--;
+  etm_native_live--;
+  return 1;
+}
+
+int etm_native_placeholder(void** ret) {
+  if (!ret) return 0;
+  etm_rec* r = etm_slot_take();
+  if (!r) return 0;
+  const int64_t size = 0, stride = 1;
+  etm_fill(r, nullptr, 4, 1, &size, &stride, 0, 0, 6 /* float32 */, 2, 0);
+  etm_native_borrowed++;
+  *ret = r;
+  return 1;
+}
+
 ETM_EXPORT int32_t etm_run(etm_call* c) {
   if (etm_ring_get + (uint64_t)c->n_in > etm_ring_put) return ETM_NO_SLOT;
   for (int64_t i = 0; i < c->n_in; i++) {
@@ -392,7 +423,7 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
   }
   for (int64_t i = 0; i < c->n_out; i++) c->out_handles[i] = nullptr;
   int32_t rc = c->run(c->container, c->in_handles, (size_t)c->n_in, c->out_handles,
-                      (size_t)c->n_out, nullptr, nullptr);
+                      (size_t)c->n_out, nullptr, c->proxy);
   c->leftover = c->pending = 0;
   for (int64_t i = 0; i < c->n_in; i++) {  // inputs the container did not delete...
     etm_rec* r = etm_rec_of(c->in_handles[i]);
@@ -463,6 +494,7 @@ const etm_layout_entry etm_layout[] = {
     ETM_FIELD(etm_call, dsts),
     ETM_FIELD(etm_call, leftover),
     ETM_FIELD(etm_call, pending),
+    ETM_FIELD(etm_call, proxy),
 };
 const int64_t etm_layout_count = sizeof(etm_layout) / sizeof(etm_layout[0]);
 

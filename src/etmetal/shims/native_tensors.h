@@ -55,6 +55,7 @@ typedef struct {
   const int64_t* dsts;  // where output i goes (0: nowhere, Python takes it)
   int64_t leftover;     // out: inputs Python adopted that the container left behind
   int64_t pending;      // out: outputs left for Python to take
+  void* proxy;          // the AOTIProxyExecutorHandle the run passes (NULL: none)
 } etm_call;
 
 // one row of etm_layout: a struct ("etm_rec", offset 0) or a field ("etm_rec.sizes"),
@@ -102,6 +103,14 @@ ETM_EXPORT extern etm_release_fn etm_foreign_release;
 int etm_native_adopt(void* owner, void* data, int64_t storage_bytes, int64_t ndim,
                      const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype,
                      void** ret);
+// make the live native record h name a storage libtorch made (the proxy executor's
+// result: libtorch's `*handle = t`), dropping what it named before; 1 on success (owner
+// is then the record's, as in etm_native_adopt), 0 with nothing changed
+int etm_native_rebind(void* h, void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                      const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype);
+// new_uninitialized_tensor: a native placeholder record (an empty float32 tensor, no
+// memory) for etm_native_rebind to fill; 0: not served here
+int etm_native_placeholder(void** ret);
 // free a native record (owned allocation or borrowed input) and give its slot back
 void etm_native_delete(etm_rec* r);
 

@@ -120,6 +120,7 @@ class RunCall(ctypes.Structure):
         ("dsts", ctypes.c_void_p),
         ("leftover", ctypes.c_int64),
         ("pending", ctypes.c_int64),
+        ("proxy", ctypes.c_void_p),
     ]
 
 

@@ -188,11 +188,24 @@ def _parse_node(index: int, entry: dict) -> ExternNode:
             args.append(_Arg(name, kind, None, len(found), present))
         elif key in _INT_KINDS:
             single = key in ("as_int", "as_sym_int")
+            if not single and not isinstance(value, list):
+                raise ExternNodeError(
+                    f"{where}: input {name!r}: {key} holds {type(value).__name__}, not a list"
+                )
             n = 1 if single else len(value)
             n_ints += n
             args.append(_Arg(name, "int" if single else "ints", None, n))
         else:
             args.append(_Arg(name, "static", _static(key, value, where), 0))
+    given = {item.get("name") for item in inputs}
+    missing = [
+        a.name for a in schema.arguments if a.name not in given and not a.has_default_value()
+    ]
+    if missing:  # refused now rather than at the first call
+        raise ExternNodeError(
+            f"{where}: the table gives no value for argument {missing[0]!r}, which has no "
+            f"default in the schema {schema}"
+        )
     n_inputs = len(names)
     returns: list[tuple[str, int]] = []
     if len(outputs) != len(schema.returns):

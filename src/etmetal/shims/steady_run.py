@@ -50,8 +50,11 @@ class SteadyResult(NamedTuple):
 class SteadyRun:
     """The prepared ``etm_call`` of one model container and the per-run bookkeeping."""
 
-    def __init__(self, ctx, run_fn: int, container: int, n_in: int, n_out: int) -> None:
-        """``ctx``: the model's ``ShimContext`` (its bridge is loaded)."""
+    def __init__(
+        self, ctx, run_fn: int, container: int, n_in: int, n_out: int, proxy: int | None = None
+    ) -> None:
+        """``ctx``: the model's ``ShimContext`` (its bridge is loaded); ``proxy``: the proxy
+        executor handle the runs pass (None: the model has none)."""
         self.ctx = ctx
         self.n_in, self.n_out = n_in, n_out
         self._images = ctypes.create_string_buffer(max(n_in, 1) * RECORD_SIZE)
@@ -70,6 +73,9 @@ class SteadyRun:
             n_out,
             ctypes.addressof(self._outs),
             ctypes.addressof(self._dsts),
+            0,
+            0,
+            proxy,
         )
         self._call_arg = ctypes.c_void_p(ctypes.addressof(self._call))
         # 1 once the first run taught the outputs, 0 again when the container is deleted:

@@ -29,6 +29,7 @@ from etmetal.shims import (
     int4_kernel,
     native_fallbacks,
     native_tensors,
+    proxy_native,
 )
 from etmetal.shims.device import BridgeSource
 from etmetal.shims.standard_context import standard_shims
@@ -40,6 +41,7 @@ SOURCES = (
     "stock_constants.cpp",
     "stock_index.cpp",
     "stock_loader.cpp",
+    "stock_proxy.cpp",
     "stock_tensors.cpp",
     "stock_trust.cpp",
 )
@@ -49,6 +51,7 @@ HEADERS = (
     "stock_constants.h",
     "stock_custom_ops.h",
     "stock_events.h",
+    "stock_proxy.h",
     "stock_tensors.h",
 )
 # the C API a program linking the library calls (etm_stock_configure, ...)
@@ -80,6 +83,10 @@ _CUSTOM_OP_PATHS = {
     "aoti_torch_cpu_gated_delta_rule": _served(
         "etm_stock_gated_delta_rule(a0, a1, a2, a3, a4, a5, (void**)a6)"
     ),
+    # the extern-node table's operators, run by the proxy library (stock_proxy.cpp)
+    proxy_native.PROXY_SHIM: _served(
+        "etm_stock_proxy_call(a0, a1, a2, (const int64_t*)a3, a4, (void* const*)a5)"
+    ),
 }
 # shims that are not operators: no event of their own
 _NOT_OPERATORS = ("create_tensor_from_blob", "new_tensor_handle")
@@ -97,7 +104,7 @@ FALLBACK_PATHS = {
     if not any(word in name for word in _NOT_OPERATORS) and name not in fallback_codegen.UTILITIES
 }
 CUSTOM_OPS = BridgeSource(
-    includes='#include "stock_custom_ops.h"\n#include "stock_events.h"\n',
+    includes='#include "stock_custom_ops.h"\n#include "stock_events.h"\n#include "stock_proxy.h"\n',
     native_paths=FALLBACK_PATHS,
 )
 
@@ -174,6 +181,7 @@ def build_library() -> Path:
         native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
         native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
         **fallback_codegen.files(),
+        **proxy_native.host_files(),
         "itemsizes.inc": _itemsize_include(),
         **{name: (HERE / name).read_bytes() for name in (*SOURCES, *HEADERS)},
     }
@@ -187,6 +195,7 @@ def build_library() -> Path:
                 "libetmetal_bridge.cpp",
                 native_tensors.SOURCE.name,
                 native_fallbacks.SOURCE.name,
+                proxy_native.HOST_SOURCE.name,
                 *SOURCES,
             ],
             lang="c++",

@@ -18,6 +18,7 @@
 #include "native_fallbacks.h"
 #include "stock_constants.h"
 #include "stock_events.h"
+#include "stock_proxy.h"
 #include "stock_tensors.h"
 
 extern "C" {
@@ -56,6 +57,7 @@ struct Delegate {
   std::vector<void*> in_handles, out_handles;
   std::vector<etm_out> outs;
   std::vector<int64_t> dsts;
+  etm_proxy* proxy = nullptr;  // the extern-node table's calls (the delegate is their handle)
 };
 std::list<Delegate*> live;  // in creation order (etm_stock_describe)
 // at exit, delegates nobody destroyed still take their private directories with them
@@ -70,6 +72,10 @@ void destroy_delegate(Delegate* d) {
   if (d->container) d->api.remove(d->container);  // its constants' aliases stay ours
   d->container = nullptr;
   d->constants.release();
+  if (d->proxy) {
+    etm_proxy_bind(d, nullptr);
+    free_extern_nodes(d->proxy);
+  }
   // the .so stays mapped: AOTI's .so has STB_GNU_UNIQUE symbols, which make dlclose a no-op
   remove_private_dir(d->dir);
   live.remove(d);
@@ -162,15 +168,19 @@ class MetalBackend final : public et::BackendInterface {
                              (so_alone ? "" : "; the .so's own sha256 is not enough for this "
                                               "delegate: its extern-node table steers what the .so runs"),
                   et::Error::AccessFailed);
-    if (!keys.extern_nodes.empty())  // trusted, but the proxy executor is not native yet
-      return fail(where, "the .so runs operators without a C shim through etmetal's proxy executor "
-                         "(extern-node table " + keys.extern_nodes + "), which this backend does "
-                         "not serve; run the program with etmetal's runtime "
-                         "(etmetal.runtime.Runtime), or lower it so every operator has a C shim",
-                  et::Error::NotSupported);
+    // the table is parsed (and checked against the allow-list) before the .so is mapped: a
+    // refused table never runs the .so's constructors
+    etm_proxy* proxy = nullptr;
+    if (externs) {
+      proxy = parse_extern_nodes(externs->data(), externs->size(), &error);
+      externs.reset();
+      if (!proxy) return fail(where, error, et::Error::InvalidProgram);
+    }
     processed->Free();
     Delegate* d = new Delegate();
     d->where = where;
+    d->proxy = proxy;
+    if (proxy) etm_proxy_bind(d, proxy);
     live.push_back(d);
     std::string so_path;
     bool written = make_private_dir(&d->dir, &error) &&
@@ -227,7 +237,7 @@ class MetalBackend final : public et::BackendInterface {
                                                   et::kUnsetDelegateDebugIntId);
     etm_call call{reinterpret_cast<etm_container_run>(d->api.run), d->container, d->images.data(),
                   (int64_t)d->n_in, d->in_handles.data(), d->out_handles.data(), (int64_t)d->n_out,
-                  d->outs.data(), d->dsts.data(), 0, 0};
+                  d->outs.data(), d->dsts.data(), 0, 0, d->proxy ? (void*)d : nullptr};
     etm_last_unbound = nullptr;
     etm_check_message[0] = '\0';
     current_tracer = context.event_tracer();
@@ -264,8 +274,21 @@ const et::Error registered = et::register_backend({"MetalBackend", &backend});
 }  // namespace
 
 void set_error(const std::string& message) {
-  std::snprintf(last_error_text, sizeof(last_error_text), "%s", message.c_str());
-  ET_LOG(Error, "%s", message.c_str());
+  // messages quote keys and names from the program, which may be any bytes; the pybind
+  // module's log sink decodes each message as UTF-8 and aborts the process on bad bytes,
+  // so only printable ASCII leaves here (anything else as \xNN)
+  std::string text;
+  for (unsigned char c : message) {
+    if (c >= 0x20 && c < 0x7f) {
+      text += (char)c;
+    } else {
+      char esc[5];
+      std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+      text += esc;
+    }
+  }
+  std::snprintf(last_error_text, sizeof(last_error_text), "%s", text.c_str());
+  ET_LOG(Error, "%s", text.c_str());
 }
 
 std::string shim_context() {

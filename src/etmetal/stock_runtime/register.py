@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from etmetal.shims import native_fallbacks
+from etmetal.shims import native_fallbacks, proxy_native
 
 from .build import PUBLIC_HEADER, build_library
 
@@ -45,6 +45,10 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.etm_stock_shared_entries.restype = ctypes.c_int64
     lib.etm_stock_describe.argtypes = [ctypes.c_char_p, ctypes.c_int64]
     lib.etm_stock_describe.restype = ctypes.c_int64
+    lib.etm_stock_configure_proxy.argtypes = [ctypes.c_char_p]
+    lib.etm_stock_configure_proxy.restype = ctypes.c_int32
+    lib.etm_stock_set_extern_names.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.etm_stock_set_extern_names.restype = None
 
 
 def _load() -> ctypes.CDLL:
@@ -66,6 +70,10 @@ def _load() -> ctypes.CDLL:
     native_fallbacks.check_signatures(lib)
     if lib.etm_stock_configure(str(native_fallbacks.libtorch_cpu_path()).encode()) != 0:
         raise StockRuntimeError(lib.etm_stock_last_error().decode(errors="replace"))
+    # the proxy executor of delegates with an extern-node table (its own library, the one
+    # linked against libtorch's C++ API)
+    if lib.etm_stock_configure_proxy(str(proxy_native.library_path()).encode()) != 0:
+        raise StockRuntimeError(lib.etm_stock_last_error().decode(errors="replace"))
     leaked = [n for n in ("aoti_torch_empty_strided", "etm_run") if hasattr(ctypes.CDLL(None), n)]
     if leaked:
         raise StockRuntimeError(f"{path.name} put {leaked} into the process-wide scope")
@@ -82,7 +90,9 @@ def register(trust_native_code: bool = False, trusted_blob_hashes: Iterable[str]
     trust policy anew: ``trust_native_code`` runs any delegate's ``.so``;
     ``trusted_blob_hashes`` lists delegate digests (or, for a host delegate without an
     extern-node table, ``.so`` digests). ``ETMETAL_TRUST_NATIVE_CODE`` and
-    ``ETMETAL_TRUSTED_BLOBS`` apply as in etmetal's runtime.
+    ``ETMETAL_TRUSTED_BLOBS`` apply as in etmetal's runtime. Extern-node tables may name
+    the custom operators ``torch.library`` defined before this call (and those
+    ``allow_extern_operator`` named): call it again after defining more.
     """
     hashes = [str(h).strip() for h in trusted_blob_hashes]
     bad = [h for h in hashes if "," in h]
@@ -91,6 +101,10 @@ def register(trust_native_code: bool = False, trusted_blob_hashes: Iterable[str]
     with _lock:
         lib = _lib if _lib is not None else _load()
         lib.etm_stock_set_policy(int(bool(trust_native_code)), ",".join(hashes).encode())
+        # what this process allows extern-node tables beyond the rules: the names
+        # allow_extern_operator gave and the custom ops torch.library defined, as of now
+        allowed, custom = proxy_native.process_names()
+        lib.etm_stock_set_extern_names("\n".join(allowed).encode(), "\n".join(custom).encode())
 
 
 def _library() -> ctypes.CDLL:

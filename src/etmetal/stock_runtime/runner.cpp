@@ -234,6 +234,13 @@ int run(const Options& o) {
       return fail(ExitCode::kBackendLib, lib + ": " +
                                              (last_error ? last_error() : "etm_stock_configure failed"));
     }
+    // and the proxy library that runs a delegate's extern-node table, when given
+    using ConfigureProxy = int32_t (*)(const char*);
+    auto proxy = reinterpret_cast<ConfigureProxy>(dlsym(handle, "etm_stock_configure_proxy"));
+    if (proxy != nullptr && !o.proxy_lib.empty() && proxy(o.proxy_lib.c_str()) != 0) {
+      return fail(ExitCode::kBackendLib,
+                  lib + ": " + (last_error ? last_error() : "etm_stock_configure_proxy failed"));
+    }
   }
   if (o.list_operators || o.list_backends) {
     if (o.list_operators) {

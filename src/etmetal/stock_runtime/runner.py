@@ -154,6 +154,13 @@ def libtorch_cpu_path() -> Path:
     return Path(native_fallbacks.libtorch_cpu_path())
 
 
+def proxy_lib_path() -> Path:
+    """etmetal's proxy library (built if needed): it runs a delegate's extern-node table."""
+    from etmetal.shims import proxy_native
+
+    return Path(proxy_native.library_path())
+
+
 @dataclass
 class RunnerResult:
     outputs: list
@@ -277,6 +284,7 @@ def run_runner(
             args += ["--backend-lib", str(lib)]
         if libs:
             args += ["--libtorch-cpu", str(libtorch_cpu_path())]
+            args += ["--proxy-lib", str(proxy_lib_path())]
         for path in data_files:
             args += ["--data", str(path)]
         if inputs is not None:

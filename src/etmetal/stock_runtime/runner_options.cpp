@@ -14,12 +14,15 @@ void usage() {
       "  [--method NAME] [--input FILE]... [--generate-inputs ones|seed:N]\n"
       "  [--iterations N] [--output-dir DIR] [--etdump FILE] [--dump-maps FILE]\n"
       "  [--loader file|mmap] [--list-operators] [--list-backends] [--describe]\n"
-      "  [--libtorch-cpu PATH]\n"
+      "  [--libtorch-cpu PATH] [--proxy-lib PATH]\n"
       "--input files hold the raw bytes of each tensor input, in order, laid out as the\n"
       "method's input spec says; without them inputs are generated (default: ones).\n"
       "--describe prints the method's input specs as JSON and runs nothing.\n"
       "--libtorch-cpu names the libtorch_cpu a backend library's native fallbacks call\n"
-      "(handed to each --backend-lib exporting etm_stock_configure).\n");
+      "(handed to each --backend-lib exporting etm_stock_configure).\n"
+      "--proxy-lib names etmetal's proxy library (libetmetal_proxy.so), which runs the\n"
+      "operators of a delegate's extern-node table (handed to each --backend-lib exporting\n"
+      "etm_stock_configure_proxy).\n");
 }
 
 } // namespace
@@ -61,6 +64,8 @@ int parse(int argc, char** argv, Options* o) {
       o->backend_libs.push_back(v);
     } else if (a == "--libtorch-cpu") {
       o->libtorch_cpu = v;
+    } else if (a == "--proxy-lib") {
+      o->proxy_lib = v;
     } else if (a == "--method") {
       o->method = v;
     } else if (a == "--input") {

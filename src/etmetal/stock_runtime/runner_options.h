@@ -14,6 +14,7 @@ struct Options {
   std::vector<std::string> data_files;
   std::vector<std::string> backend_libs;
   std::string libtorch_cpu;
+  std::string proxy_lib;
   std::string method = "forward";
   std::vector<std::string> inputs;
   std::optional<etmetal_runner::Generator> generator;

@@ -46,9 +46,11 @@ def _extent(t: torch.Tensor) -> int:
     return (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-def run_case(name: str, xs: list[torch.Tensor], faults: list | None = None) -> list[torch.Tensor]:
+def run_case(
+    name: str, xs: list[torch.Tensor], faults: list | None = None, split: bool = True
+) -> list[torch.Tensor]:
     """Replay the case's launches; with ``faults`` (a list), under the Metal checker, each
-    dispatch's faults appended to it."""
+    dispatch's faults appended to it; ``split=False``: synchronising kernels on fibers only."""
     case = DATA["cases"][name]
     tensors = {f"arg{i}_1": x.contiguous() for i, x in enumerate(xs)}
     for buf, spec in case["buffers"].items():
@@ -58,7 +60,8 @@ def run_case(name: str, xs: list[torch.Tensor], faults: list | None = None) -> l
         tensors[new] = tensors[old]
     for step in case["steps"]:
         checked = faults is not None
-        lib = compile_library(library_source(case["libraries"][step["lib"]]), checked=checked)
+        source = library_source(case["libraries"][step["lib"]])
+        lib = compile_library(source, checked=checked, split=split)
         fn = lib.function("generated_kernel")
         args = {int(i): tensors[n].data_ptr() for i, n in step["args"].items()}
         launch = (args, tuple(step["threads"]), step["group"] and tuple(step["group"]))

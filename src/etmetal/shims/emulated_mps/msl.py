@@ -36,7 +36,12 @@ import torch
 
 from etmetal.shims.emulated_mps import limits
 from etmetal.shims.emulated_mps.check import CHECKS, CheckRun, FaultRecord, MetalFault, faults_of
-from etmetal.shims.emulated_mps.msl_compiler import CompileError, build_library, dispatcher_path
+from etmetal.shims.emulated_mps.msl_compiler import (
+    CompileError,
+    build_library,
+    dispatcher_path,
+    log_paths,
+)
 from etmetal.shims.emulated_mps.msl_parse import Kernel, ParseError
 
 __all__ = ["MetalCheckError", "MslError", "MslFunction", "MslLibrary", "compile_library"]
@@ -79,7 +84,7 @@ _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 # maps a path once per process (nor can it be unloaded while a kernel of it may run), so
 # every ShimContext shares one library per source text, and the dispatcher they link against.
 _lock = threading.Lock()
-_libraries: dict[tuple[str, bool], MslLibrary] = {}
+_libraries: dict[tuple[str, bool, bool], MslLibrary] = {}
 
 
 @functools.cache  # the dispatcher's dlopen handle: one per process, like the libraries
@@ -146,10 +151,14 @@ class MslFunction:
             self.arg_kinds[idx] = (kind, d & 0xFFFFFFFF)
         self.max_threads_per_group = kernel.max_threads or MAX_THREADS_PER_GROUP
         self._entry = entry
-        # the loop entry of a kernel that never synchronises (None: its threads are fibers)
+        # the loop entry of a kernel that never synchronises, or a split kernel's entry (None:
+        # its threads are fibers)
         self._loop = loop
         self.synchronises: bool = kernel.sync  # may reach a barrier or SIMD-group operation
-        self.runs_as_loop: bool = loop is not None  # its threadgroups run as plain loops
+        # "loop", "split" (loops between its synchronising statements) or "fibers", and why
+        self.path: str = kernel.path if loop is not None or kernel.path == "fibers" else "fibers"
+        self.path_reason: str = kernel.path_reason
+        self.runs_as_loop: bool = self.path == "loop"  # its threadgroups run as plain loops
         self._index_set = frozenset(self.buffer_indices)
         self._slot_type = ctypes.c_void_p * (
             (max(self.buffer_indices) + 1) if self.buffer_indices else 1
@@ -301,7 +310,7 @@ class MslLibrary:
         kernel, i = self._kernels[name]
         entry = ctypes.cast(getattr(self._dll, f"etm_msl_entry_{i}"), ctypes.c_void_p).value
         loop = None
-        if not kernel.sync and not self.checked:
+        if kernel.path in ("loop", "split") and not self.checked:
             loop = ctypes.cast(getattr(self._dll, f"etm_msl_loop_{i}"), ctypes.c_void_p).value
         n = max(len(kernel.buffer_indices), 1)
         descs = tuple((ctypes.c_ulonglong * n).in_dll(self._dll, f"etm_msl_args_{i}"))
@@ -309,17 +318,18 @@ class MslLibrary:
         return fn
 
 
-def compile_library(source: str, checked: bool = False) -> MslLibrary:
+def compile_library(source: str, checked: bool = False, split: bool = True) -> MslLibrary:
     """Compile (or fetch from the cache) a shader library, or its checked build. Raises
-    MslError."""
+    MslError. ``split=False``: synchronising kernels run on fibers only (the reference the split
+    path, msl_split.py, is tested against)."""
     if not isinstance(source, str):
         raise MslError(f"a shader library's source must be text, got {type(source).__name__}")
     with _lock:
-        lib = _libraries.get((source, checked))
+        lib = _libraries.get((source, checked, split))
         if lib is not None:
             return lib
         try:
-            so, kernels, sites = build_library(source, checked)
+            so, kernels, sites = build_library(source, checked, split)
         except CompileError as e:
             build = "the checker's build of the library: " if checked else ""
             raise MslError(
@@ -330,5 +340,6 @@ def compile_library(source: str, checked: bool = False) -> MslLibrary:
             ) from None
         except ParseError as e:
             raise MslError(f"kernel '{e.kernel}': {e}", kernel=e.kernel) from None
-        lib = _libraries[(source, checked)] = MslLibrary(so, kernels, sites, checked)
+        lib = _libraries[(source, checked, split)] = MslLibrary(so, kernels, sites, checked)
+        log_paths(kernels)
         return lib

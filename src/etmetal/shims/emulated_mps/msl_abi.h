@@ -59,6 +59,22 @@ void etm_msl_threadgroup_barrier(void);
 // different keys are a divergence error).
 etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_t key);
 
+// Called by a split kernel's entry (msl_split.py), which runs a threadgroup as loops over its
+// threads between the statements that synchronise: runs one such statement for every thread of
+// the threadgroup `group` describes as fibers, each calling `entry(closure, thread)`. A failure
+// (a deadlock, divergent SIMD operations) ends the whole threadgroup with its message.
+void etm_msl_fiber_phase(const etm_msl_thread* group, etm_msl_entry entry, void* const* closure);
+
+// A split kernel's SIMD operations with the lanes in lockstep (msl_split.h's lockstep): until
+// etm_msl_lockstep_end, this OS thread's SIMD operations do not block. Operation j of the call
+// is answered with every lane's operand if j < pass (each recorded in pass j), records the
+// caller's operand as lane `lane`'s if j == pass, and answers as if the lane were alone after;
+// `active` are the lanes taking part. _end returns the operations the call made, or
+// UINT32_MAX if an answer was not exact (an operation not every active lane recorded, lanes
+// at operations of different kinds, more than 8 of them).
+void etm_msl_lockstep(uint32_t pass, uint32_t lane, uint32_t active);
+uint32_t etm_msl_lockstep_end(void);
+
 // Called from Python: runs `entry` over the grid. threads/group are 3 sizes each.
 // Returns 0, or nonzero with a message in err.
 int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,

@@ -56,6 +56,7 @@ typedef _Float16 half;
 #include "msl_types.h"
 #include "msl_math.h"
 #include "msl_sync.h"
+#include "msl_split.h"
 #ifdef ETM_MSL_CHECK
 #include "msl_check.h"
 #endif

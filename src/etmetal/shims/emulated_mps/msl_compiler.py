@@ -30,7 +30,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from etmetal.common.cache import ContentCache
-from etmetal.shims.emulated_mps.msl_classify import synchronising
+from etmetal.shims.emulated_mps import msl_split
+from etmetal.shims.emulated_mps.msl_classify import library_part, synchronising, tainted_names
 from etmetal.shims.emulated_mps.msl_includes import check_markers, check_source
 from etmetal.shims.emulated_mps.msl_instrument import Site, instrument
 from etmetal.shims.emulated_mps.msl_parse import (
@@ -56,8 +57,8 @@ from etmetal.shims.model_link import (
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SOURCE_NAME = "library.metal"
-_FORMAT = 4  # 2: the index names a verified entry holding kernels.json; 3: + access sites;
-# 4: + whether each kernel synchronises (loop entries)
+_FORMAT = 5  # 2: the index names a verified entry holding kernels.json; 3: + access sites;
+# 4: + whether each kernel synchronises (loop entries); 5: + each kernel's path (split entries)
 KERNELS_FILE = "kernels.json"
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{24}$")  # native_build's keys
 LIB_NAME = "libmsl.so"
@@ -224,16 +225,17 @@ def _index_path(key: str) -> Path:
     return cache_root() / "msl" / "index" / f"{key}.json"
 
 
-def source_key(source: str, checked: bool = False) -> str:
+def source_key(source: str, checked: bool = False, split: bool = True) -> str:
     parts = [str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())]
-    text = "|".join(parts + (["checked"] if checked else []))
+    text = "|".join(parts + (["checked"] if checked else []) + ([] if split else ["nosplit"]))
     h = hashlib.sha256(text.encode())
     h.update(_header_text().encode())
     # a library links the dispatcher by path: one built against another dispatcher build
     # (another cache format, say) would load a second copy with its own fiber state
     h.update(str(dispatcher_path()).encode())
     shaping = (
-        "msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py", "msl_instrument.py", "msl_classify.py"
+        "msl_dispatch.cpp", "msl_parse.py", "msl_compiler.py", "msl_instrument.py", "msl_classify.py",
+        "msl_split.py", "msl_split_emit.py",
     )  # fmt: skip
     for name in shaping:  # what shapes the build
         h.update((HERE / name).read_bytes())
@@ -268,10 +270,13 @@ def _from_index(key: str) -> tuple[Path, list[Kernel], list[Site]] | None:
         return None
 
 
-def build_library(source: str, checked: bool = False) -> tuple[Path, list[Kernel], list[Site]]:
+def build_library(
+    source: str, checked: bool = False, split: bool = True
+) -> tuple[Path, list[Kernel], list[Site]]:
     """Compile ``source`` (cached) and describe its kernels and, for a checked build, its
-    checked access sites. Raises CompileError/ParseError."""
-    key = source_key(source, checked)
+    checked access sites. ``split=False`` keeps every synchronising kernel on fibers (the
+    reference the split path is tested against). Raises CompileError/ParseError."""
+    key = source_key(source, checked, split)
     index = _index_path(key)
     found = _from_index(key)
     if found is not None:
@@ -285,38 +290,71 @@ def build_library(source: str, checked: bool = False) -> tuple[Path, list[Kernel
         kernels, synchronising(text, [(k.start, k.end) for k in kernels], str(HERE))
     ):
         k.sync = syncs
+        k.path = "fibers" if syncs else "loop"
+        if checked:
+            k.path, k.path_reason = "fibers", "a checked build follows each thread on fibers"
+        elif syncs and not split:
+            k.path_reason = "splitting turned off"
     names = [k.name for k in kernels]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ParseError(sorted(dup)[0], "two kernels share this name")
-    unit = rewrite(text) + entry_source(kernels, loops=not checked)
-    dispatcher = dispatcher_path()
-    # libm: the header's __builtin_expf & co. become calls to expf & co. when not folded
-    link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}", "-lm"]
-    # the kernels' description travels in the entry, under its digests
-    described = {
-        "source_key": key,
-        "kernels": [asdict(k) for k in kernels],
-        "sites": [asdict(x) for x in sites],
-    }
-    files = {"library.cpp": unit.encode(), KERNELS_FILE: json.dumps(described).encode()}
+    plain = rewrite(text) + entry_source(kernels, loops=not checked)
+    unit = plain
+    if split and not checked and any(k.sync for k in kernels):
+        tainted = tainted_names(library_part(text, str(HERE)))
+        unit = rewrite(msl_split.apply(text, kernels, tainted))
+        unit += entry_source(kernels, loops=True)
+    described = {"source_key": key, "sites": [asdict(x) for x in sites]}
     try:
-        so = build_files(
-            "msl",
-            LIB_NAME,
-            files,
-            ["library.cpp"],
-            lang="c++",
-            flags=(*_FLAGS, "-fpreprocessed"),
-            link=link,
-        )
+        so = _build(unit, described, kernels)
     except NativeBuildError as e:
-        raise _diagnose(str(e), text, kernels) from None
+        if unit is plain:
+            raise _diagnose(str(e), text, kernels) from None
+        # the split code did not compile: the kernels it was for run on fibers
+        if os.environ.get(PATHS_ENV, "") not in ("", "0"):
+            first = next((ln for ln in str(e).splitlines() if "error" in ln), str(e)[:300])
+            log.warning("etmetal: the split code did not compile: %s", first)
+        for k in kernels:
+            if k.path == "split":
+                k.path, k.path_reason = "fibers", "its split code did not compile"
+        try:
+            so = _build(rewrite(text) + entry_source(kernels, loops=True), described, kernels)
+        except NativeBuildError as e2:
+            raise _diagnose(str(e2), text, kernels) from None
     index.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = index.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"entry": so.parent.name}))
     os.replace(tmp, index)
     return so, kernels, sites
+
+
+def _build(unit: str, described: dict, kernels: list[Kernel]) -> Path:
+    dispatcher = dispatcher_path()
+    # libm: the header's __builtin_expf & co. become calls to expf & co. when not folded
+    link = ["-Wl,--no-as-needed", str(dispatcher), f"-Wl,-rpath,{dispatcher.parent}", "-lm"]
+    # the kernels' description travels in the entry, under its digests
+    described = {**described, "kernels": [asdict(k) for k in kernels]}
+    files = {"library.cpp": unit.encode(), KERNELS_FILE: json.dumps(described).encode()}
+    return build_files(
+        "msl",
+        LIB_NAME,
+        files,
+        ["library.cpp"],
+        lang="c++",
+        flags=(*_FLAGS, "-fpreprocessed"),
+        link=link,
+    )
+
+
+PATHS_ENV = "ETMETAL_MSL_PATHS"  # set to 1: log how each kernel of a library runs, and why
+
+
+def log_paths(kernels: list[Kernel]) -> None:
+    if os.environ.get(PATHS_ENV, "") not in ("", "0"):
+        for k in kernels:
+            reason = f" ({k.path_reason})" if k.path_reason else ""
+            log.warning("etmetal: MSL kernel '%s' runs as %s%s", k.name, k.path, reason)
 
 
 def _kernel_from_json(d: dict) -> Kernel:

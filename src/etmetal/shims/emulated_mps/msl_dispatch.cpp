@@ -130,6 +130,15 @@ void check_barrier(Checker* c);
 struct Worker {
   Checker* checker = nullptr;
   bool looping = false;  // running a loop entry: no fiber to block
+  // etm_msl_lockstep: SIMD operations served from tables without blocking. Operation j of a
+  // call: j < ls_pass is answered with every lane's recorded operand, j == ls_pass records
+  // the caller's, a later one answers as if the lane were alone (its result is discarded)
+  static constexpr uint32_t kMaxLockstepOps = 8;
+  bool ls_on = false, ls_bad = false;
+  uint32_t ls_pass = 0, ls_lane = 0, ls_active = 0, ls_count = 0;
+  uint32_t ls_key[kMaxLockstepOps] = {}, ls_rec[kMaxLockstepOps] = {};
+  alignas(64) unsigned char ls_slots[kMaxLockstepOps][kWidth][ETM_MSL_SLOT_BYTES];
+  alignas(64) unsigned char ls_alone[kWidth][ETM_MSL_SLOT_BYTES];
   jmp_buf escape;        // where a loop-run thread that synchronises is stopped
   std::vector<Fiber*> fibers;  // all fibers this OS thread owns
   std::vector<Fiber*> free_fibers;
@@ -387,6 +396,66 @@ struct Launch {
   uint32_t per_group;
 };
 
+// Runs the threads of the threadgroup `base` describes (tg_id, tg_size, dispatch_tg_size and
+// the per-group counts) as fibers, each calling `entry(args, thread)`. Returns 0, or 1 with
+// the message in w.scratch.message.
+int run_fibers(Worker& w, const etm_msl_thread& base, etm_msl_entry entry, void* const* args) {
+  const uint32_t* size = base.tg_size;
+  const uint32_t n = size[0] * size[1] * size[2];
+  const uint32_t nsimd = (n + kWidth - 1) / kWidth;
+  const uint32_t per_group =
+      base.dispatch_tg_size[0] * base.dispatch_tg_size[1] * base.dispatch_tg_size[2];
+  // The group's bookkeeping is kept per OS thread and only grows: a dispatch allocates nothing.
+  Group& g = w.scratch;
+  g.entry = entry;
+  g.args = args;
+  if (g.threads.size() < per_group) g.threads.resize(per_group);
+  if (g.simds.size() < (per_group + kWidth - 1) / kWidth)
+    g.simds.resize((per_group + kWidth - 1) / kWidth);
+  g.runnable.reserve(per_group);
+  g.n = n;
+  g.nsimd = nsimd;
+  g.started = 0;
+  g.live = n;
+  g.at_barrier = 0;
+  g.failed = false;
+  g.runnable.clear();
+  for (uint32_t s = 0; s < nsimd; s++) {
+    SimdGroup& sg = g.simds[s];
+    sg.live = (s + 1) * kWidth <= n ? kWidth : n - s * kWidth;
+    sg.waiting = 0;
+    sg.wait_mask = 0;
+    sg.key = 0;
+    sg.mismatch = false;
+    sg.phase = 0;
+  }
+  uint32_t p[3] = {0, 0, 0};  // the position in the threadgroup, x fastest
+  for (uint32_t i = 0; i < n; i++) {
+    Thread& th = g.threads[i];
+    etm_msl_thread& t = th.info;
+    t = base;
+    for (int d = 0; d < 3; d++) {
+      t.tg_pos[d] = p[d];
+      t.grid_pos[d] = base.tg_id[d] * base.dispatch_tg_size[d] + p[d];
+    }
+    if (++p[0] == size[0]) {
+      p[0] = 0;
+      if (++p[1] == size[1]) p[1] = 0, p[2]++;
+    }
+    t.index_in_tg = i;
+    t.lane = i % kWidth;
+    t.simd_index = i / kWidth;
+    t.quad_index = i / 4;
+    t.lane_in_quad = i % 4;
+    th.state = 0;
+    th.fiber = nullptr;
+    th.result_phase = 0;
+    th.result_active = 0;
+  }
+  if (w.checker) check_group_begin(w.checker);
+  return run_group(w, &g);
+}
+
 // Runs threadgroup `index` (x fastest) of `L` on this OS thread. Returns 0, or 1 with the
 // message in err.
 int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint64_t err_len) {
@@ -413,68 +482,30 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
   base.dispatch_simds_per_tg = (L.per_group + kWidth - 1) / kWidth;
   base.quads_per_tg = (n + 3) / 4;
   if (L.loop) {
+    // a loop entry, or a split one (msl_split.py): its statements that synchronise call
+    // etm_msl_fiber_phase, which leaves through `escape` (2) when their fibers fail
     w.looping = true;
-    if (setjmp(w.escape) == 0) {
+    const int escaped = setjmp(w.escape);
+    if (escaped == 0) {
       L.loop(L.args, &base);
       w.looping = false;
       return 0;
     }
     w.looping = false;
+    if (escaped == 2) {
+      snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2],
+               w.scratch.message);
+      return 1;
+    }
     snprintf(err, err_len, "threadgroup (%u, %u, %u): a thread reached a threadgroup barrier "
-             "or SIMD-group operation in a kernel classified as never synchronising (an "
-             "etmetal bug: msl_classify.py)", gid[0], gid[1], gid[2]);
+             "or SIMD-group operation in a kernel classified as never synchronising, or "
+             "outside the statements a split kernel runs on fibers (an etmetal bug: "
+             "msl_classify.py, msl_split.py)", gid[0], gid[1], gid[2]);
     return 1;
   }
-  // The group's bookkeeping is kept per OS thread and only grows: a dispatch allocates nothing.
-  Group& g = w.scratch;
-  g.entry = L.entry;
-  g.args = L.args;
-  if (g.threads.size() < L.per_group) g.threads.resize(L.per_group);
-  if (g.simds.size() < (L.per_group + kWidth - 1) / kWidth)
-    g.simds.resize((L.per_group + kWidth - 1) / kWidth);
-  g.runnable.reserve(L.per_group);
-  g.n = n;
-  g.nsimd = nsimd;
-  g.started = 0;
-  g.live = n;
-  g.at_barrier = 0;
-  g.failed = false;
-  g.runnable.clear();
-  for (uint32_t s = 0; s < nsimd; s++) {
-    SimdGroup& sg = g.simds[s];
-    sg.live = (s + 1) * kWidth <= n ? kWidth : n - s * kWidth;
-    sg.waiting = 0;
-    sg.wait_mask = 0;
-    sg.key = 0;
-    sg.mismatch = false;
-    sg.phase = 0;
-  }
-  uint32_t p[3] = {0, 0, 0};  // the position in the threadgroup, x fastest
-  for (uint32_t i = 0; i < n; i++) {
-    Thread& th = g.threads[i];
-    etm_msl_thread& t = th.info;
-    t = base;
-    for (int d = 0; d < 3; d++) {
-      t.tg_pos[d] = p[d];
-      t.grid_pos[d] = uint32_t(gid[d] * L.group[d] + p[d]);
-    }
-    if (++p[0] == size[0]) {
-      p[0] = 0;
-      if (++p[1] == size[1]) p[1] = 0, p[2]++;
-    }
-    t.index_in_tg = i;
-    t.lane = i % kWidth;
-    t.simd_index = i / kWidth;
-    t.quad_index = i / 4;
-    t.lane_in_quad = i % 4;
-    th.state = 0;
-    th.fiber = nullptr;
-    th.result_phase = 0;
-    th.result_active = 0;
-  }
-  if (w.checker) check_group_begin(w.checker);
-  if (run_group(w, &g) != 0) {
-    snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2], g.message);
+  if (run_fibers(w, base, L.entry, L.args) != 0) {
+    snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2],
+             w.scratch.message);
     return 1;
   }
   return 0;
@@ -519,6 +550,33 @@ static void park_if_failed(Worker& w) {
 
 etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_t key) {
   Worker& w = worker();
+  if (w.ls_on) {
+    const uint32_t j = w.ls_count++, lane = w.ls_lane;
+    etm_msl_exchange e;
+    e.lane = lane;
+    if (j < w.ls_pass && j < Worker::kMaxLockstepOps) {
+      // exact: every active lane recorded this operation, with the same kind
+      if (w.ls_key[j] != key || w.ls_rec[j] != w.ls_active) w.ls_bad = true;
+      e.slots = &w.ls_slots[j][0][0];
+      e.active = w.ls_active;
+      return e;
+    }
+    if (j == w.ls_pass && j < Worker::kMaxLockstepOps) {
+      memcpy(w.ls_slots[j][lane], value, size);
+      if (w.ls_rec[j] == 0)
+        w.ls_key[j] = key;
+      else if (w.ls_key[j] != key)
+        w.ls_bad = true;
+      w.ls_rec[j] |= 1u << lane;
+      e.slots = &w.ls_slots[j][0][0];
+    } else {
+      if (j >= Worker::kMaxLockstepOps) w.ls_bad = true;
+      memcpy(w.ls_alone[lane], value, size);
+      e.slots = &w.ls_alone[0][0];
+    }
+    e.active = 1u << lane;
+    return e;
+  }
   if (w.looping) escape_loop(w);
   Group* g = w.group;
   int32_t self = w.current;
@@ -546,6 +604,39 @@ etm_msl_exchange etm_msl_simd_exchange(const void* value, uint32_t size, uint32_
   e.active = th.result_active;
   e.lane = lane;
   return e;
+}
+
+void etm_msl_fiber_phase(const etm_msl_thread* group, etm_msl_entry entry, void* const* closure) {
+  Worker& w = worker();
+  if (!w.looping || w.group != nullptr) {
+    // only a split entry run by the dispatcher calls this (msl_split.py)
+    fail(&w.scratch, "a fiber phase outside a split kernel's threadgroup");
+    if (w.looping) longjmp(w.escape, 2);
+    __builtin_trap();
+  }
+  w.looping = false;
+  const int rc = run_fibers(w, *group, entry, closure);
+  w.looping = true;
+  if (rc != 0) longjmp(w.escape, 2);
+}
+
+void etm_msl_lockstep(uint32_t pass, uint32_t lane, uint32_t active) {
+  Worker& w = worker();
+  if (pass == 0 && lane == uint32_t(__builtin_ctz(active | 0x80000000u))) {
+    for (uint32_t j = 0; j < Worker::kMaxLockstepOps; j++) w.ls_rec[j] = w.ls_key[j] = 0;
+    w.ls_bad = false;
+  }
+  w.ls_on = true;
+  w.ls_pass = pass;
+  w.ls_lane = lane;
+  w.ls_active = active;
+  w.ls_count = 0;
+}
+
+uint32_t etm_msl_lockstep_end(void) {
+  Worker& w = worker();
+  w.ls_on = false;
+  return w.ls_bad ? UINT32_MAX : w.ls_count;
 }
 
 int etm_msl_dispatch(etm_msl_entry entry, void* const* args, const uint64_t* threads,

@@ -88,6 +88,11 @@ class Kernel:
     max_threads: int | None = None  # [[max_total_threads_per_threadgroup(N)]]
     # may reach a barrier or SIMD-group operation (msl_classify); False: a loop entry runs it
     sync: bool = True
+    # how a dispatch runs it: "loop" (never synchronises), "split" (loops between its
+    # synchronising statements, msl_split.py), "fibers"; path_reason says why, or which of its
+    # statements run on fibers
+    path: str = "fibers"
+    path_reason: str = ""
 
     @property
     def buffer_indices(self) -> tuple[int, ...]:
@@ -306,7 +311,8 @@ def rewrite(text: str) -> str:
 def entry_source(kernels: list[Kernel], loops: bool = True) -> str:
     """One ``extern "C"`` entry per kernel, one line each (a compiler error in an entry names
     its kernel by line number); with ``loops``, a kernel that never synchronises also gets
-    ``etm_msl_loop_i``, which runs every thread of one threadgroup as a plain loop."""
+    ``etm_msl_loop_i``, which runs every thread of one threadgroup as a plain loop, and a split
+    kernel gets one that calls its split function."""
     lines = ['# 1 "<etmetal kernel entries>"']
     calls = [_call(k) for k in kernels]
     for i, call in enumerate(calls):
@@ -320,6 +326,12 @@ def entry_source(kernels: list[Kernel], loops: bool = True) -> str:
                 f'extern "C" __attribute__((visibility("default"))) void etm_msl_loop_{i}'
                 f"(void* const* a, const etm_msl_thread* g) {{ etm::for_each_thread(g, "
                 f"[a](const etm_msl_thread* t) __attribute__((always_inline)) {{ {call}; }}); }}"
+            )
+        elif loops and k.path == "split":  # the dispatcher runs it as it runs a loop entry
+            split = re.sub(r"(\w+)$", r"\1__etm_split", k.call)
+            lines.append(
+                f'extern "C" __attribute__((visibility("default"))) void etm_msl_loop_{i}'
+                f"(void* const* a, const etm_msl_thread* g) {{ {split}(a, g); }}"
             )
     # after every entry (an error in an entry still names its kernel by line): what each
     # [[buffer]] parameter takes, in buffer_indices order, as the compiler sees its type

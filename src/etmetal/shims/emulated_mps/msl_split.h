@@ -1,0 +1,171 @@
+// msl_compat.h, part 5: what a split kernel's entry runs on (msl_split.py writes the entries).
+//
+// A split entry runs one threadgroup as a sequence of loops over its threads (regions), cut at
+// the kernel's top-level statements that synchronise. A thread's locals that live across a cut
+// travel in a struct per thread (declared by the region itself), stored in per-OS-thread slot arrays (`slots`); a
+// statement that synchronises runs for every thread at once on the dispatcher's fibers
+// (`fibers`), and a threadgroup_barrier statement is just the cut between two regions.
+#pragma once
+#include <cstdint>
+#include <new>
+#include <type_traits>
+
+#include "msl_abi.h"
+
+// What a uniform helper's copy calls where the helper has a barrier (see msl_split.py).
+template <class... T>
+inline void etm_msl_no_barrier(T&&...) {}
+
+namespace etm::split {
+
+// Per OS thread memory that only grows (no <vector>: every library's preprocessing pays for
+// the headers this one includes).
+inline void* grow(void** buf, size_t* cap, size_t bytes) {
+  if (*cap < bytes) {
+    ::operator delete(*buf);
+    *buf = ::operator new(bytes);
+    *cap = bytes;
+  }
+  return *buf;
+}
+
+// Storage for n values of T, reused by every threadgroup this OS thread runs; `K` (the cut's
+// index) keeps the two arrays one region reads and writes apart.
+template <class T, int K>
+inline T* slots(uint32_t n) {
+  static_assert(std::is_trivially_destructible_v<T>, "a kept value needs a destructor");
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "an over-aligned kept value");
+  static thread_local void* buf = nullptr;
+  static thread_local size_t cap = 0;
+  return static_cast<T*>(grow(&buf, &cap, sizeof(T) * (n ? n : 1)));
+}
+
+// The thread records of threadgroup `g`, in thread_index_in_threadgroup order: the same fields
+// the dispatcher gives a fiber-run thread (msl_dispatch.cpp's run_fibers).
+inline const etm_msl_thread* threads(const etm_msl_thread* g, uint32_t* count) {
+  static thread_local void* buf = nullptr;
+  static thread_local size_t cap = 0;
+  const uint32_t n = g->tg_size[0] * g->tg_size[1] * g->tg_size[2];
+  etm_msl_thread* recs =
+      static_cast<etm_msl_thread*>(grow(&buf, &cap, sizeof(etm_msl_thread) * (n ? n : 1)));
+  uint32_t i = 0;
+  for (uint32_t z = 0; z < g->tg_size[2]; z++)
+    for (uint32_t y = 0; y < g->tg_size[1]; y++)
+      for (uint32_t x = 0; x < g->tg_size[0]; x++, i++) {
+        etm_msl_thread& t = recs[i];
+        t = *g;
+        const uint32_t p[3] = {x, y, z};
+        for (int d = 0; d < 3; d++) {
+          t.tg_pos[d] = p[d];
+          t.grid_pos[d] = g->tg_id[d] * g->dispatch_tg_size[d] + p[d];
+        }
+        t.index_in_tg = i;
+        t.lane = i % ETM_MSL_SIMD_WIDTH;
+        t.simd_index = i / ETM_MSL_SIMD_WIDTH;
+        t.quad_index = i / 4;
+        t.lane_in_quad = i % 4;
+      }
+  *count = n;
+  return recs;
+}
+
+template <class F>
+void phase_entry(void* const* closure, const etm_msl_thread* t) {
+  (*reinterpret_cast<F*>(const_cast<void**>(closure)))(t);
+}
+
+// Runs `body(thread)` for every thread of threadgroup `g` as fibers (barriers and SIMD-group
+// operations with Metal's semantics); a failure ends the threadgroup with its message.
+template <class F>
+inline void fibers(const etm_msl_thread* g, F& body) {
+  etm_msl_fiber_phase(g, &phase_entry<F>, reinterpret_cast<void* const*>(&body));
+}
+
+// ---- c10's threadgroup reductions with the lanes of each SIMD group in lockstep ------------
+// A pure function `simd` of one operand that makes SIMD operations (the one a c10 helper calls,
+// msl_split.py's NAME__etm_simd), run for the active lanes of one SIMD group without fibers,
+// by replay: pass p runs every lane with operations before p answered exactly and records
+// operation p's operands; a last pass, every answer exact, gives the result of each lane in
+// `need`. False (fall back to fibers) if an answer could not be exact.
+template <class D>
+struct tg_arg {
+  D val;
+  unsigned idx;
+};
+
+template <class V, class R, class S>
+inline bool lockstep(S& simd, const V* vals, uint32_t active, R* results, uint32_t need) {
+  constexpr uint32_t W = ETM_MSL_SIMD_WIDTH;
+  for (uint32_t p = 0;; p++) {
+    uint32_t most = 0;
+    for (uint32_t l = 0; l < W; l++) {
+      if (!((active >> l) & 1u)) continue;
+      etm_msl_lockstep(p, l, active);
+      (void)simd(vals[l]);
+      const uint32_t c = etm_msl_lockstep_end();
+      if (c == UINT32_MAX) return false;
+      most = c > most ? c : most;
+    }
+    if (most <= p + 1) break;  // operation p was the last any lane reached
+  }
+  // A lane's operations are decided by the exact answers before them, the same in the pass
+  // that recorded each and in this one: only the lanes whose result is used (`need`) run it.
+  for (uint32_t l = 0; l < W; l++) {
+    if (!((active & need) >> l & 1u)) continue;
+    etm_msl_lockstep(UINT32_MAX, l, active);
+    results[l] = simd(vals[l]);
+    if (etm_msl_lockstep_end() == UINT32_MAX) return false;
+  }
+  return true;
+}
+
+// c10's threadgroup_{sum,prod,max,min}(data, val, idx, size) for the n threads of a threadgroup
+// at once (args[t]: thread t's val and idx; size the same for all), each thread's result in
+// out[t]. Its steps are the helper's: SIMD group reductions stored by lanes whose idx is a
+// multiple of 32; if size > 32, a barrier, then the threads with idx below the number of
+// SIMD groups reduce those (their SIMD groups' active lanes) and idx 0 stores the total; a
+// barrier; every thread reads data[0]. Returns false, having done nothing, when `simd` is not
+// a single SIMD operation.
+template <class D, class S>
+inline bool tg_reduce(D* data, const tg_arg<D>* args, uint32_t n, unsigned size, S simd, D* out) {
+  constexpr uint32_t W = ETM_MSL_SIMD_WIDTH;
+  const uint32_t nsimd = (n + W - 1) / W;
+  D vals[W], res[W];
+  // a fallback after stores is still exact: the helper stores each slot before reading it
+  for (uint32_t s = 0; s < nsimd; s++) {
+    const uint32_t base = s * W, cnt = n - base < W ? n - base : W;
+    const uint32_t active = cnt == W ? 0xffffffffu : ((1u << cnt) - 1u);
+    uint32_t need = 0;
+    for (uint32_t l = 0; l < cnt; l++) {
+      vals[l] = args[base + l].val;
+      need |= uint32_t(args[base + l].idx % W == 0) << l;
+    }
+    if (!lockstep(simd, vals, active, res, need)) return false;
+    for (uint32_t l = 0; l < cnt; l++)
+      if (args[base + l].idx % W == 0) data[args[base + l].idx / W] = res[l];
+  }
+  if (size > W) {  // after the barrier: every store above is seen
+    const unsigned used = (size + W - 1) / W;
+    D* stage = out;  // the second stage's operands, all read before any store
+    for (uint32_t t = 0; t < n; t++)
+      if (args[t].idx < used) stage[t] = data[args[t].idx];
+    for (uint32_t s = 0; s < nsimd; s++) {
+      const uint32_t base = s * W, cnt = n - base < W ? n - base : W;
+      uint32_t active = 0, need = 0;
+      for (uint32_t l = 0; l < cnt; l++) {
+        if (args[base + l].idx >= used) continue;
+        active |= 1u << l;
+        need |= uint32_t(args[base + l].idx == 0) << l;
+        vals[l] = stage[base + l];
+      }
+      if (active == 0) continue;
+      if (!lockstep(simd, vals, active, res, need)) return false;
+      for (uint32_t l = 0; l < cnt; l++)
+        if (((active >> l) & 1u) && args[base + l].idx == 0) data[0] = res[l];
+    }
+  }
+  for (uint32_t t = 0; t < n; t++) out[t] = data[0];  // after the last barrier
+  return true;
+}
+
+}  // namespace etm::split
