@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+import weakref
+
 import pytest
 import torch
 from torch import nn
 
 from etmetal.examples.metal_registry import get_model_and_inputs
-from etmetal.runtime import InputError, Runtime
+from etmetal.runtime import ExecutionError, InputError, Runtime
 
 load = Runtime.get().load_program
 
@@ -83,3 +87,95 @@ def test_mixed_programs_and_isolated_delegates_keep_the_general_path(lowered, li
         )
     finally:
         isolated.destroy()
+
+
+def _general_method(pte):
+    """The same method on the general path (no direct call, no prepared call), for reference."""
+    method = load(pte, trust_native_code=True).load_method("forward")
+    method._direct = None
+    assert type(method.execute).__name__ == "method"
+    return method
+
+
+def test_prepared_call_serves_executes_with_the_general_bits(linear):
+    fast = load(linear.pte, trust_native_code=True).load_method("forward")
+    general = _general_method(linear.pte)
+    try:
+        assert type(fast.execute).__name__ == "FastRun"
+        fast.execute(_fresh_inputs(linear.inputs, 0))  # the first run teaches the outputs
+        served = fast.execute.stats()["fast"]
+        kept = []
+        for seed in range(6):
+            inputs = _fresh_inputs(linear.inputs, seed)
+            got, ref = fast.execute(inputs), general.execute(inputs)
+            for g, r in zip(got, ref):
+                assert torch.equal(g, r) and g.stride() == r.stride() and g.dtype == r.dtype
+            kept.append((got, linear.module(*inputs)))
+        assert fast.execute.stats()["fast"] - served == 6
+        for got, want in kept:  # results stay the caller's
+            torch.testing.assert_close(got[0], want)
+    finally:
+        fast.destroy()
+        general.destroy()
+
+
+def test_prepared_call_declines_to_the_general_errors_and_copies(linear):
+    method = load(linear.pte, trust_native_code=True).load_method("forward")
+    general = _general_method(linear.pte)
+    try:
+        (x,) = linear.inputs
+        method.execute([x])
+        declined = method.execute.stats()["fallback"]
+        # another layout of the planned shape: copied into the plan, the same result
+        other = x.t().contiguous().t() if x.dim() == 2 else x[..., None].squeeze(-1)
+        got = method.execute([other])
+        assert torch.equal(got[0], general.execute([x])[0])
+        assert torch.equal(method.execute(x)[0], general.execute(x)[0])  # a bare tensor
+        for bad in ([x.double()], [torch.randn(x.shape[0] + 1, *x.shape[1:])], [x, x], ["x"]):
+            with pytest.raises(InputError) as want:
+                general.execute(bad)
+            with pytest.raises(InputError) as have:
+                method.execute(bad)
+            assert str(have.value) == str(want.value)
+        assert method.execute.stats()["fallback"] - declined == 6
+    finally:
+        method.destroy()
+        general.destroy()
+    with pytest.raises(ExecutionError, match="destroyed"):
+        method.execute([x])
+
+
+def test_prepared_call_is_serialized_across_threads(linear):
+    method = load(linear.pte, trust_native_code=True).load_method("forward")
+    try:
+        xs = [_fresh_inputs(linear.inputs, s) for s in range(4)]
+        want = [linear.module(*x) for x in xs]
+        bad: list[int] = []
+
+        def work(k: int) -> None:
+            for i in range(200):
+                j = (i + k) % len(xs)
+                if not torch.allclose(method.execute(xs[j])[0], want[j], atol=1e-5):
+                    bad.append(i)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not bad
+    finally:
+        method.destroy()
+
+
+def test_a_dropped_method_is_freed_at_once(linear):
+    gc.disable()  # only reference counting may free it: the prepared call makes no cycle
+    try:
+        method = load(linear.pte, trust_native_code=True).load_method("forward")
+        method.execute(list(linear.inputs))
+        method.execute(list(linear.inputs))
+        ref = weakref.ref(method)
+        del method
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -232,6 +232,7 @@ def bench_proxy(repeat: int, budget: float, tmp: Path) -> dict:
     from etmetal.backend.aoti_compile import compile_exported_program
     from etmetal.backend.lowering import lower
     from etmetal.bench.delegate import stock_method, torch_runner
+    from etmetal.common.targets import HOST
     from etmetal.shims import AotiModel, default_context
 
     module, inputs = _AntialiasedUpsample().eval(), [torch.randn(1, 3, 8, 10)]
@@ -245,7 +246,7 @@ def bench_proxy(repeat: int, budget: float, tmp: Path) -> dict:
     native = AotiModel(
         art.so_path, art.weights_path.read_bytes(), extern_nodes=art.extern_nodes_bytes()
     )
-    program, _ = lower(module, tuple(inputs), target="host")
+    program, _ = lower(module, tuple(inputs), target=HOST)
     (tmp / "proxy.pte").write_bytes(program.buffer)
     stock = stock_method(tmp / "proxy.pte")
     with torch.no_grad():

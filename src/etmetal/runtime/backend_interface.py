@@ -66,6 +66,17 @@ class BackendExecutor(ABC):
         self.execute([*inputs, *planned_outputs])
         return [t.clone() if hasattr(t, "clone") else t for t in planned_outputs]
 
+    def prepare_fresh(
+        self, planned_inputs: list[Any], planned_outputs: list[Any], **how: Any
+    ) -> Callable[[Sequence[Any]], list[Any]] | None:
+        """Optional, for a method that is this one call (``direct_delegate``): a callable
+        that runs ``execute``-with-inputs and returns what ``execute_fresh`` would, with
+        the method's own checks and locking done inside (``how``: ``fallback``, the
+        method's own path, for every call it does not serve; ``wrap``, the error an
+        exception becomes; ``guard``/``guard_owner``, the method's lock and owner record).
+        None (the default): the method runs ``execute_fresh`` through Python."""
+        return None
+
     def check_call(self, args: list[Any]) -> None:  # noqa: B027 - optional hook
         """At load, once per delegate call: the values the call will pass, in order
         (``None`` where a value is only known at run time). Raise to refuse the program."""

@@ -78,6 +78,22 @@ class DirectDelegateCall:
             f"instruction 0 (delegate {call.delegate_index})",
         )
 
+    def prepare_fast(self, owner: object, guard: object, fallback) -> object | None:
+        """The executor's prepared call for this method (``BackendExecutor.prepare_fresh``)
+        or None: it serves inputs already laid out as planned under ``guard`` (the method's
+        lock, with ``owner._owner`` set meanwhile) and calls ``fallback`` for the rest."""
+        prepare = getattr(self._executor, "prepare_fresh", None)
+        if prepare is None:
+            return None
+        return prepare(
+            self._planned_in,
+            self._planned_out,
+            fallback=fallback,
+            wrap=lambda exc: instruction_failed(self._name, self._label, 0, exc),
+            guard=guard,
+            guard_owner=owner,
+        )
+
     def execute(self, inputs: Sequence) -> list:
         if not isinstance(inputs, (list, tuple)):
             inputs = [inputs]

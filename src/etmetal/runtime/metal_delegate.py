@@ -65,7 +65,13 @@ from etmetal.common.targets import (
 
 from .backend_interface import BackendExecutor, BackendInitContext
 from .delegates import register_delegate
-from .errors import DelegateError, IntegrityError, InvalidProgramError, UntrustedNativeCodeError
+from .errors import (
+    DelegateError,
+    ExecutionError,
+    IntegrityError,
+    InvalidProgramError,
+    UntrustedNativeCodeError,
+)
 from .layout import resize_in_dim_order
 from .shared_weights import load_constants, read_index
 from .tempfiles import private_dir, track, write_private_file
@@ -292,7 +298,45 @@ class MetalDelegate(BackendExecutor):
         model = self._model
         if model is None:
             raise DelegateError(f"{self._where}: executed after destroy")
-        results = model.run(inputs)  # new tensors the caller may keep
+        return self._fresh(model.run(inputs), planned_outputs)  # new tensors to keep
+
+    def prepare_fresh(
+        self,
+        planned_inputs: list,
+        planned_outputs: list,
+        *,
+        fallback,
+        wrap,
+        guard=None,
+        guard_owner=None,
+    ):
+        """The model's one-call run (``shims/fast_run.py``) for a direct call: it serves
+        inputs of the planned layouts whose outputs come back as planned, and hands every
+        other call to ``fallback``; a run it started that came back unusual is finished
+        as ``execute_fresh`` finishes it, errors passed through ``wrap``."""
+        model = self._model
+        if model is None:
+            return None
+
+        def finish(inputs: list, rc: int, results: list) -> list:
+            try:
+                return self._fresh(model.finish_fast(inputs, rc, results), planned_outputs)
+            except ExecutionError:
+                raise
+            except (Exception, RecursionError) as exc:
+                raise wrap(exc) from exc
+
+        return model.fast_run(
+            fallback=fallback,
+            finish=finish,
+            expect_in=planned_inputs,
+            expect_out=planned_outputs,
+            guard=guard,
+            guard_owner=guard_owner,
+        )
+
+    def _fresh(self, results: list, planned_outputs: list) -> list[torch.Tensor]:
+        """``results`` in the planned layouts (copied through the plan where they differ)."""
         for i, (dst, src) in enumerate(zip(planned_outputs, results)):
             if src.dtype != dst.dtype or src.shape != dst.shape or src.stride() != dst.stride():
                 self._place(i, dst, src)  # the planned layout, as the general path returns

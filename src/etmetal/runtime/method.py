@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
@@ -181,6 +182,23 @@ class Method:
         self._direct = DirectDelegateCall.for_plan(plan, table, prepared.executors, _set_input)
 
     @property
+    def _direct(self) -> DirectDelegateCall | None:
+        return self._direct_call
+
+    @_direct.setter
+    def _direct(self, direct: DirectDelegateCall | None) -> None:
+        """Set the direct call, and put its executor's prepared call (if it has one) in
+        front of ``execute`` as an instance attribute; None: the general path, alone."""
+        self._direct_call = direct
+        self.__dict__.pop("execute", None)
+        if direct is not None:
+            fast = direct.prepare_fast(
+                self, self._lock, functools.partial(_execute_by_ref, weakref.ref(self))
+            )
+            if fast is not None:
+                self.execute = fast
+
+    @property
     def name(self) -> str:
         return self._name
 
@@ -279,3 +297,12 @@ class Method:
             except (Exception, RecursionError) as exc:
                 label = chain.labels[i] if i < len(chain.labels) else f"instruction {i}"
                 raise instruction_failed(self._name, label, i, exc) from exc
+
+
+def _execute_by_ref(ref: weakref.ref, *args, **kwargs) -> list:
+    """``Method.execute`` of the method ``ref`` names: a prepared call's fallback, which
+    holds its method weakly (the method holds the call)."""
+    method = ref()
+    if method is None:
+        raise ExecutionError("the method was garbage collected")
+    return Method.execute(method, *args, **kwargs)

@@ -15,7 +15,7 @@ from etmetal.common.targets import CPU_DEVICE, HOST, METAL_DEVICE
 from etmetal.shims.abi_codes import DEVICE_CPU, DEVICE_MPS
 from etmetal.shims.model_link import NativeBuildError, link_wrapper, undefined_symbols
 
-from . import user_constants
+from . import fast_run, user_constants
 from .bridge import Bridge, BridgeError
 from .context import ShimContext, check_materialize
 from .model_run import (
@@ -315,6 +315,7 @@ class AotiModel:
                 num_outputs=self.num_outputs,
                 steady=steady,
             )
+            self._install_fast_run()
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
             if self.constants is not None:
                 self._lend_constants(num_constants)
@@ -379,6 +380,23 @@ class AotiModel:
             aliases = [h for h in ctx.handles if h not in before and h not in lent]
             self._constant_handles = [*self._constant_handles, *aliases, *native_aliases]
 
+    def _install_fast_run(self) -> None:
+        """Serve ``run(inputs)`` by a ``FastRun`` once the steady run is armed: an instance
+        attribute in front of the method, which it falls back to (``fast_run.install``)."""
+        fast_run.install(self, self._runner, AotiModel.run)
+
+    def fast_run(self, **kwargs) -> object | None:
+        """A ``FastRun`` of this model for another caller (a ``.pte`` method's direct
+        call): ``fast_run.build``'s keywords; None when the model runs the general way."""
+        runner = self._runner
+        if runner is None or runner.steady is None:
+            return None
+        return fast_run.build(runner.steady, self, **kwargs)
+
+    def finish_fast(self, inputs: Sequence[torch.Tensor], rc: int, results: list) -> list:
+        """``ModelRunner.finish_fast`` of this model (for a ``FastRun``'s ``finish``)."""
+        return self._active_runner().finish_fast(inputs, rc, results)
+
     def stats(self) -> dict[str, dict[str, int]]:
         """Shim name -> {"native": calls served in C, "python": calls that reached Python},
         counted by the bridge of this model's context since it was loaded (every model of
@@ -390,7 +408,10 @@ class AotiModel:
 
     def close(self) -> None:
         """Delete the container (its constants go with it) and forget the weights."""
-        self._runner = None
+        runner, self._runner = self._runner, None
+        self.__dict__.pop("run", None)  # the FastRun in front of run()
+        if runner is not None and runner.steady is not None:
+            runner.steady.armed.value = 0  # every FastRun over it declines from now on
         if self._container is not None:
             with self.context.run_lock:
                 rc = self._lib.AOTInductorModelContainerDelete(self._container)

@@ -223,6 +223,17 @@ class ModelRunner:
             finally:
                 ctx.running = None
 
+    @property
+    def steady(self) -> SteadyRun | None:
+        """The prepared steady run (None: this model always runs the general way)."""
+        return self._steady
+
+    def finish_fast(self, inputs: Sequence[torch.Tensor], rc: int, results: list) -> list:
+        """Complete a run a ``FastRun`` started that came back unusual (an error code, an
+        output or input Python must take): the steady run's own completion, under the
+        locks and the ``running`` record the fast run holds."""
+        return self._run_locked(inputs, None, self._steady.complete(rc, results))
+
     def _run_locked(self, inputs, outputs, ran: SteadyResult | None) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""
         if ran is None and self._ready is not None:
@@ -257,6 +268,8 @@ class ModelRunner:
             self._container, in_arr, len(handles), out_arr, self.num_outputs, None, self._proxy
         )
         self._ready = self._steady  # from now on the steady run serves
+        if self._steady is not None:
+            self._steady.armed.value = 1  # and the fast run (fast_run.py) over it
         produced = out_arr[: self.num_outputs]
         # inputs are stolen by the container; release any it left behind (e.g. on failure)
         for h in handles:

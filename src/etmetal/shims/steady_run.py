@@ -72,7 +72,7 @@ class SteadyRun:
         self._outs = (OutSpec * max(n_out, 1))()
         self._specs = [self._outs[i] for i in range(n_out)]  # views made once, not per run
         self._dsts = (ctypes.c_int64 * max(n_out, 1))()  # per run: where each output goes
-        self._call = RunCall(
+        self.call = self._call = RunCall(
             run_fn,
             container,
             ctypes.addressof(self._images),
@@ -87,6 +87,9 @@ class SteadyRun:
             proxy,
         )
         self._call_arg = ctypes.c_void_p(ctypes.addressof(self._call))
+        # 1 once the first run taught the outputs, 0 again when the container is deleted:
+        # what a FastRun (fast_run.py) over this call reads before it runs
+        self.armed = ctypes.c_int64(0)
         self._etm_run = ctx.native.run
         self._keys: list[tuple | None] = [None] * n_in
         self.geometries: list[Geometry | None] = [None] * n_out
@@ -163,6 +166,11 @@ class SteadyRun:
         rc = self._etm_run(self._call_arg)
         if rc == NO_SLOT:
             return None
+        return self.complete(rc, results)
+
+    def complete(self, rc: int, results: list) -> SteadyResult:
+        """After ``etm_run`` returned ``rc``: release the inputs Python adopted and the
+        container left, and mark the outputs Python must take (their handles)."""
         call = self._call
         if call.leftover:  # inputs Python adopted and the container left behind
             outputs = set(self._out_handles[: self.n_out])
