@@ -383,6 +383,10 @@ class AotiModel:
     def _install_fast_run(self) -> None:
         """Serve ``run(inputs)`` by a ``FastRun`` once the steady run is armed: an instance
         attribute in front of the method, which it falls back to (``fast_run.install``)."""
+        if self._device_type != DEVICE_CPU:
+            # the emulated Metal device's launch failures are read after each run
+            # (ModelRunner.run_into), which the fast run does not do
+            return
         fast_run.install(self, self._runner, AotiModel.run)
 
     def fast_run(self, **kwargs) -> object | None:
