@@ -352,3 +352,25 @@ def test_an_mps_scan_runs_the_host_path_and_its_result_is_an_mps_tensor(shims, n
         if ret.value:
             ctx.unregister(ret.value)
         ctx.unregister(hx)
+
+
+def test_a_launch_that_fails_in_a_steady_run_fails_the_run(no_leaks):
+    """The Metal wrapper ignores its launches' return codes: a steady run (one etm_run)
+    still reads the device's sticky error afterwards and fails, and recovers after."""
+    from etmetal.shims.model_run import AotiModelError
+
+    module, inputs = metal_registry.get_model_and_inputs("add")
+    art = _compiled("registry:add", module, inputs)
+    lib = default_context().load_bridge().lib
+    limit = ctypes.c_uint64.in_dll(lib, "etm_mps_launch_limit")
+    with AotiModel(art.so_path, art.weights_bytes(), device="mps") as model:
+        for _ in range(3):  # the steady run serves from the second run on
+            (good,) = model.run(list(inputs))
+        saved, limit.value = limit.value, 1  # every launch is now refused, in C
+        try:
+            with pytest.raises(AotiModelError, match="does not check failed"):
+                model.run(list(inputs))
+        finally:
+            limit.value = saved
+        (again,) = model.run(list(inputs))
+    assert torch.equal(good, again)
