@@ -61,6 +61,13 @@ typedef struct {
 } etm_block;
 static_assert(sizeof(etm_block) == 64, "the header keeps the data 64-byte aligned");
 static etm_block* etm_block_at(void* data) { return (etm_block*)data - 1; }
+// a borrowing record starts (+1) or stops (-1) counting as a borrowed storage (an mps one
+// in etm_native_mps_borrowed as well: live_mps_storages counts it, as Python's)
+ETM_EXPORT int64_t etm_native_mps_borrowed = 0;
+static void etm_borrow_count(const etm_rec* r, int64_t sign) {
+  etm_native_borrowed += sign;
+  if (r->device_type == ETM_DEVICE_MPS) etm_native_mps_borrowed += sign;
+}
 // a block starts (+1) or stops (-1) counting as a native storage
 static void etm_store_count(const etm_block* b, int64_t sign) {
   etm_native_stores += sign;
@@ -155,7 +162,7 @@ ETM_EXPORT int64_t etm_block_native_refs(void* data) {
 void etm_native_delete(etm_rec* r) {
   if (r->native == 1) etm_block_unref(etm_block_data(r), nullptr);
   else if (r->native == 3) etm_block_unref(etm_block_data(r), etm_foreign_at(etm_block_data(r)));
-  else etm_native_borrowed--;
+  else etm_borrow_count(r, -1);
   etm_native_live--;
   etm_slot_give(r);
 }
@@ -168,7 +175,7 @@ ETM_EXPORT int32_t etm_native_disown(void* h) {
     etm_block* b = etm_block_of(r);
     if (b->py_refs++ == 0) etm_store_count(b, -1);  // Python's storage now: it counts it
   } else {
-    etm_native_borrowed--;
+    etm_borrow_count(r, -1);
   }
   etm_native_live--;
   r->native = 0;
@@ -295,7 +302,7 @@ int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_
   char* data = (char*)(intptr_t)(base->data_ptr - base->offset * item);
   etm_fill(r, data, item, ndim, sizes, strides, offset, numel, base->dtype, base->device_type,
            base->native, base->storage_bytes);
-  if (r->native == 2) etm_native_borrowed++;
+  if (r->native == 2) etm_borrow_count(r, 1);
   else etm_block_of(r)->refs++;
   *ret = r;
   return 1;
@@ -333,7 +340,7 @@ int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int6
   etm_rec* r = etm_slot_take();
   if (!r) return 0;
   etm_fill(r, (char*)data, item, ndim, sizes, st, offset, numel, dtype, device_type, 2, end);
-  etm_native_borrowed++;
+  etm_borrow_count(r, 1);
   *ret = r;
   return 1;
 }
@@ -350,7 +357,7 @@ int etm_native_alias(void* self, void** ret) {
   if (!r) return 0;
   std::memcpy(r, base, sizeof(etm_rec));
   etm_native_live++;
-  if (r->native == 2) etm_native_borrowed++;
+  if (r->native == 2) etm_borrow_count(r, 1);
   else etm_block_of(r)->refs++;
   if (etm_alias_log) etm_alias_log[etm_alias_len++] = r;
   *ret = r;
@@ -430,7 +437,7 @@ int etm_native_rebind(void* h, void* owner, void* data, int64_t storage_bytes, i
   void* before = old.native == 2 ? nullptr : etm_block_data(&old);
   if (old.native == 1) etm_block_unref(before, nullptr);
   else if (old.native == 3) etm_block_unref(before, etm_foreign_at(before));
-  else etm_native_borrowed--;
+  else etm_borrow_count(&old, -1);
   etm_native_live--;
   return 1;
 }
@@ -441,7 +448,7 @@ int etm_native_placeholder(void** ret) {
   if (!r) return 0;
   const int64_t size = 0, stride = 1;
   etm_fill(r, nullptr, 4, 1, &size, &stride, 0, 0, 6 /* float32 */, 0, 2, 0);
-  etm_native_borrowed++;
+  etm_borrow_count(r, 1);
   *ret = r;
   return 1;
 }
@@ -458,7 +465,7 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
     r->native = 2;
     r->live = 1;
     etm_native_live++;
-    etm_native_borrowed++;
+    etm_borrow_count(r, 1);
     c->in_handles[i] = r;
   }
   for (int64_t i = 0; i < c->n_out; i++) c->out_handles[i] = nullptr;

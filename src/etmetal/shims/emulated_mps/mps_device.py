@@ -204,7 +204,9 @@ def live_mps_storages(ctx) -> int:
     """Live ``mps`` memory objects: storages with tensors on them (Python's and the bridge's
     native ones) plus ``mps_malloc`` buffers (Python's and the bridge's)."""
     tensors = sum(1 for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS)
-    native = _native_count(ctx, "etm_native_mps_stores")
+    native = _native_count(ctx, "etm_native_mps_stores") + _native_count(
+        ctx, "etm_native_mps_borrowed"
+    )
     return (
         tensors + native + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
     )
