@@ -5,9 +5,10 @@ with the language standard its build really uses: a fragment that only compiles 
 something else, or a warning, fails here. Three kinds of file are checked in the one context
 they are built in, and each is named below:
 
-- ``shims/emulated_mps/bridge_source.cpp``, ``mps_encoder.cpp`` and ``mps_buffers.cpp`` are
-  compiled into the generated shim bridge, after the bridge's globals, one after the other:
-  they are checked inside that prelude (``etmetal.shims.bridge``);
+- ``shims/emulated_mps/bridge_source.cpp``, ``mps_encoder.cpp``, ``mps_buffers.cpp`` and
+  ``mps_fallbacks.cpp`` are compiled into the generated shim bridge, after the bridge's
+  globals, one after the other: they are checked inside that prelude
+  (``etmetal.shims.bridge``);
 - ``msl_dispatch.cpp``, ``msl_check.cpp`` and ``msl_pool.cpp`` are one unit, the dispatcher
   (the checker and the pool use the executor's records): it is checked as it is built;
 - ``msl_types.h``, ``msl_math.h`` and ``msl_sync.h`` are the parts of ``msl_compat.h`` (the
@@ -49,7 +50,8 @@ HEADER_PARTS = {
     for n in ("msl_types.h", "msl_math.h", "msl_sync.h", "msl_split.h")
 }
 BRIDGE_FRAGMENTS = {
-    f"{MSL}/{n}" for n in ("bridge_source.cpp", "mps_encoder.cpp", "mps_buffers.cpp")
+    f"{MSL}/{n}"
+    for n in ("bridge_source.cpp", "mps_encoder.cpp", "mps_buffers.cpp", "mps_fallbacks.cpp")
 }
 DISPATCHER_PARTS = {f"{MSL}/{n}" for n in ("msl_dispatch.cpp", "msl_check.cpp", "msl_pool.cpp")}
 FRAGMENTS = BRIDGE_FRAGMENTS | DISPATCHER_PARTS

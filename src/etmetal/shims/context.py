@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from etmetal.shims.abi_codes import DEVICE_CPU
+from etmetal.shims.abi_codes import DEVICE_CPU, DEVICE_MPS
 from etmetal.shims.record_table import Records
 
 from . import native_tensors
@@ -112,6 +112,8 @@ class ShimContext:
         self.host.policy_listeners.append(self.sync_native_policy)
         self.allocators: dict[int, Allocator] = {DEVICE_CPU: self.host}
         self.devices: dict[str, Device] = {}
+        # device type -> the allocator its device made (a replaced one ends native serving)
+        self._device_allocators: dict[int, Allocator] = {}
         self.device_state: dict[str, object] = {}  # per-device tables (e.g. mps buffers)
         self.shims: dict[str, Callable] = {}
         # "view": _reinterpret_tensor keeps views in the parent's storage (correct);
@@ -199,8 +201,12 @@ class ShimContext:
             )
         allocator = device.make_allocator()
         self.register_shims(device.shims)
-        self.register_allocator(device.device_type, allocator)
         self.devices[device.name] = device
+        self._device_allocators[device.device_type] = allocator
+        listeners = getattr(allocator, "policy_listeners", None)
+        if listeners is not None:  # a fill byte on its memory: every allocation in Python
+            listeners.append(self.sync_native_policy)
+        self.register_allocator(device.device_type, allocator)
         return allocator
 
     # --- the bridge -------------------------------------------------------------------------
@@ -222,6 +228,9 @@ class ShimContext:
     def attach_native(self, records: Records, native: native_tensors.NativeTensors) -> None:
         """Called by the bridge once loaded: its record table and native tensors."""
         self.handle_table.records, self.handle_table.native = records, native
+        for device in self.devices.values():
+            if device.attach is not None:
+                device.attach(self)
         self.sync_native_policy()
 
     def sync_native_policy(self) -> None:
@@ -248,6 +257,25 @@ class ShimContext:
             native.set_limit(0)
         native.set_views(not copying and not python)
         native.set_fallbacks(not copying and not python)
+        # the emulated Metal device's tensors and fallbacks (device 13, host memory) in C
+        # only while the device says its memory is plain and no materializing or Python
+        # model is open: the Python device and the native tables then agree on every byte
+        native.set_mps_limit(
+            native_tensors.NATIVE_MPS_LIMIT
+            if not copying and not python and self._plain_device_memory(DEVICE_MPS)
+            else 0
+        )
+
+    def _plain_device_memory(self, device_type: int) -> bool:
+        alloc = self.allocators.get(device_type)
+        if alloc is None or alloc is not self._device_allocators.get(device_type):
+            return False
+        if getattr(alloc, "fill_byte", None) is not None:
+            return False
+        return any(
+            d.device_type == device_type and d.host_memory is not None and d.host_memory(self)
+            for d in self.devices.values()
+        )
 
     def model_opened(self, model: object | None = None) -> None:
         """``model`` (anything with ``close()``) is closed by ``close_models`` if still open."""

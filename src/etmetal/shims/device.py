@@ -42,3 +42,10 @@ class Device:
     # none), cleared; a run that ends with one fails
     take_unchecked_error: Callable[[object], str] | None = None
     bridge_source: BridgeSource | None = None
+    # ``host_memory(ctx)``: True while the device's memory in ``ctx`` is plain host memory
+    # the bridge's native tables may allocate and lend (its allocator still the one the
+    # device made, with no fill byte: ``ShimContext.sync_native_policy``); None: never
+    host_memory: Callable[[object], bool] | None = None
+    # ``attach(ctx)``: called once the context's bridge is loaded, so the device's native
+    # code gets what only Python knows (torch's own rules, read at run time)
+    attach: Callable[[object], None] | None = None

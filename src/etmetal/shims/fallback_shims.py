@@ -200,11 +200,11 @@ def convolution(
     if device == DEVICE_MPS:
         # the layout Inductor compiled against (the wrapper asserts it): the fake mps
         # convolution picks it with the Mps backend's rule, ATen's CPU kernels by theirs
-        y = y.contiguous(memory_format=_mps_conv_memory_format(x, w))
+        y = y.contiguous(memory_format=mps_conv_memory_format(x, w))
     _ret(ctx, ret0, y, "ret0", device)
 
 
-def _mps_conv_memory_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_format:
+def mps_conv_memory_format(x: torch.Tensor, w: torch.Tensor) -> torch.memory_format:
     """The output layout of an mps convolution, by the rule fake tensors use at compile time."""
     if x.dim() < 4:
         return torch.contiguous_format

@@ -65,12 +65,14 @@ class HandleTable:
         if rec.kind != native_tensors.BORROWED:  # counted storage: C's or libtorch's
             storage = self.native_storages.get(base)
             if storage is None:  # the first view of this allocation Python adopts
-                storage = Storage.native(base, rec.storage_bytes, native.unref_python)
+                storage = Storage.native(
+                    base, rec.storage_bytes, native.unref_python, rec.device_type
+                )
                 self.native_storages[base] = storage
             else:  # its storage holds a reference already
                 native.unref_python(base)
         else:  # a run's input: borrow the caller's whole storage
-            storage = Storage(base, rec.storage_bytes, owned=False)
+            storage = Storage(base, rec.storage_bytes, owned=False, device_type=rec.device_type)
         tensor = Tensor(storage, rec.dtype, rec.sizes, rec.strides, rec.offset)
         if storage.count == 0:
             self.live_storages[id(storage)] = storage

@@ -281,7 +281,8 @@ class AotiModel:
         try:
             self.num_inputs = self._size("AOTInductorModelContainerGetNumInputs")
             self.num_outputs = self._size("AOTInductorModelContainerGetNumOutputs")
-            # the one-call steady run lends host inputs only; other devices run the general way
+            # the one-call steady run lends host inputs, or the inputs of the emulated Metal
+            # device (host memory); other devices run the general way
             steady = (
                 SteadyRun(
                     self.context,
@@ -290,11 +291,16 @@ class AotiModel:
                     self.num_inputs,
                     self.num_outputs,
                     self._proxy,
+                    self._device_type,
                 )
                 # a model with an extern-node table runs it when the native executor
-                # serves its proxy calls; on the Python executor it runs the general way
-                if self.device == CPU_DEVICE
-                and (self._proxy is None or self._native_proxy is not None)
+                # serves its proxy calls; on the Python executor it runs the general way.
+                # The emulated Metal device's inputs are host memory too (no proxy there)
+                if (
+                    self.device == CPU_DEVICE
+                    and (self._proxy is None or self._native_proxy is not None)
+                )
+                or (self._device_type == DEVICE_MPS and self._proxy is None)
                 else None
             )
             self._runner = ModelRunner(
@@ -377,6 +383,10 @@ class AotiModel:
     def _install_fast_run(self) -> None:
         """Serve ``run(inputs)`` by a ``FastRun`` once the steady run is armed: an instance
         attribute in front of the method, which it falls back to (``fast_run.install``)."""
+        if self._device_type != DEVICE_CPU:
+            # the emulated Metal device's launch failures are read after each run
+            # (ModelRunner.run_into), which the fast run does not do
+            return
         fast_run.install(self, self._runner, AotiModel.run)
 
     def fast_run(self, **kwargs) -> object | None:

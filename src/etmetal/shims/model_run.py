@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from etmetal.shims.abi_codes import DEVICE_CPU
+
 from .bridge import BridgeError
 from .context import ShimContext
 from .steady_run import SteadyResult, SteadyRun
@@ -200,10 +202,20 @@ class ModelRunner:
             try:
                 ready = self._ready
                 if ready is not None:
+                    # a device's launches report their failures afterwards (the Metal
+                    # wrapper ignores their return codes); the host has none to check
+                    device = self._device_type != DEVICE_CPU
+                    if device:
+                        ctx.take_unchecked_error()
                     ran = ready.run(inputs, outputs)
                     if ran is not None and ran.rc == 0 and not ran.pending:
+                        if device:
+                            raise_unchecked(ctx, self.name, "run")
                         return ran.results  # the usual case: everything went through etm_run
-                    return self._run_locked(inputs, outputs, ran)
+                    results = self._run_locked(inputs, outputs, ran)
+                    if device:
+                        raise_unchecked(ctx, self.name, "run")
+                    return results
                 ctx.take_unchecked_error()
                 results = self._run_locked(inputs, outputs, None)
                 raise_unchecked(ctx, self.name, "run")

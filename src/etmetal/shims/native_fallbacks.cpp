@@ -7,6 +7,19 @@
 extern "C" {
 
 ETM_EXPORT int64_t etm_native_fallbacks = 0;
+extern int64_t etm_native_mps_limit;  // native_tensors.cpp
+
+// the c10 device type the records of the call in progress must report, and its results
+// report: 0 (host) unless a device's fallback entered its own (etm_fb_enter)
+static thread_local int32_t etm_fb_device = 0;
+
+int32_t etm_fb_enter(int32_t device) {
+  if (!etm_native_fallbacks || device != ETM_DEVICE_MPS || etm_native_mps_limit <= 0) return -1;
+  int32_t previous = etm_fb_device;
+  etm_fb_device = device;
+  return previous;
+}
+void etm_fb_leave(int32_t previous) { etm_fb_device = previous; }
 
 // libtorch's functions, as the bridge calls them; Python checks each signature against
 // torch's installed headers before it fills the slot (native_fallbacks.bind)
@@ -69,10 +82,11 @@ const etm_lt_entry etm_lt_table[] = {
 };
 const int64_t etm_lt_count = sizeof(etm_lt_table) / sizeof(etm_lt_table[0]);
 
-// a host record with elements that libtorch can wrap; NULL otherwise (Python serves it)
-static const etm_rec* etm_host_rec(void* h) {
+// a record of the call's device (host unless etm_fb_enter said otherwise: both are host
+// memory) with elements that libtorch can wrap; NULL otherwise (Python serves it)
+const etm_rec* etm_host_rec(void* h) {
   const etm_rec* r = etm_rec_of(h);
-  if (!r || r->device_type != 0 || r->dtype < 0 || r->dtype >= ETM_NDTYPES ||
+  if (!r || r->device_type != etm_fb_device || r->dtype < 0 || r->dtype >= ETM_NDTYPES ||
       !etm_itemsize[r->dtype] || r->numel <= 0 || !r->data_ptr || r->dim < 0 ||
       r->dim > ETM_MAX_DIMS)
     return nullptr;
@@ -96,7 +110,7 @@ static bool etm_packed(const etm_rec* r) {
 }
 
 // libtorch tensors over the records' memory (no copy), or false with none left behind
-static bool etm_lend(const etm_rec* const* recs, int n, void** out) {
+bool etm_lend(const etm_rec* const* recs, int n, void** out) {
   if (!etm_lt_from_blob || !etm_lt_delete) return false;
   for (int i = 0; i < n; i++) {
     const etm_rec* r = recs[i];
@@ -109,7 +123,7 @@ static bool etm_lend(const etm_rec* const* recs, int n, void** out) {
   }
   return true;
 }
-static void etm_unlend(void** ts, int n) {
+void etm_unlend(void** ts, int n) {
   for (int i = 0; i < n; i++) etm_lt_delete(ts[i]);
 }
 
@@ -175,13 +189,15 @@ static bool etm_adopt(void* t, void** ret) {
             device == 0 && dtype >= 0 && dtype < ETM_NDTYPES && etm_itemsize[dtype];
   // the storage's own data: the tensor's minus its offset
   char* base = ok ? (char*)data - offset * etm_itemsize[dtype] : nullptr;
-  if (ok && etm_native_adopt(t, base, nbytes, dim, sizes, strides, offset, dtype, ret)) return true;
+  if (ok && etm_native_adopt_on(t, base, nbytes, dim, sizes, strides, offset, dtype,
+                                etm_fb_device, ret))
+    return true;
   etm_lt_delete(t);
   return false;
 }
 
 // adopt every result in rets (n of them, each libtorch's) into outs; all or nothing
-static bool etm_adopt_all(void** rets, int n, void** outs) {
+bool etm_adopt_all(void** rets, int n, void** outs) {
   for (int i = 0; i < n; i++) {
     if (etm_adopt(rets[i], &outs[i])) continue;
     for (int j = 0; j < i; j++) etm_native_delete((etm_rec*)outs[j]);
@@ -191,13 +207,13 @@ static bool etm_adopt_all(void** rets, int n, void** outs) {
   return true;
 }
 
-static bool etm_can_adopt() {
+bool etm_can_adopt() {
   return etm_lt_delete && etm_lt_data_ptr && etm_lt_sizes && etm_lt_strides && etm_lt_dim &&
          etm_lt_offset && etm_lt_storage_size && etm_lt_dtype && etm_lt_device_type;
 }
 
 // an optional tensor argument (AtenTensorHandle*): absent, or a host record to lend
-static bool etm_optional(void* p, const etm_rec** rec) {
+bool etm_optional(void* p, const etm_rec** rec) {
   void* h = p ? *(void**)p : nullptr;
   *rec = h ? etm_host_rec(h) : nullptr;
   return !h || *rec;

@@ -40,6 +40,20 @@ int etm_fb_convolution(void* input, void* weight, void* bias, const int64_t* str
 int etm_fb_topk(void* self, int64_t k, int64_t dim, int32_t largest, int32_t sorted, void* ret0,
                 void* ret1);
 
+// the fallbacks of a device whose memory is host memory (the emulated Metal device, 13)
+// reuse these paths: etm_fb_enter(device) makes the records of the call report device and
+// the results it adopts report it too; -1 when that device is not served natively now
+// (else the previous device, for etm_fb_leave)
+int32_t etm_fb_enter(int32_t device);
+void etm_fb_leave(int32_t previous);
+// the building blocks a device's own fallbacks use (on the device etm_fb_enter set)
+const etm_rec* etm_host_rec(void* h);
+bool etm_lend(const etm_rec* const* recs, int n, void** out);
+void etm_unlend(void** ts, int n);
+bool etm_adopt_all(void** rets, int n, void** outs);
+bool etm_can_adopt(void);
+bool etm_optional(void* p, const etm_rec** rec);
+
 ETM_EXPORT extern const etm_lt_entry etm_lt_gen_table[];
 ETM_EXPORT extern const int64_t etm_lt_gen_count;
 

@@ -59,40 +59,42 @@ def check_implementation(shims: str) -> str:
     return shims
 
 
-def _served(call: str) -> str:
+def served(call: str) -> str:
     # ETM_HIT_NATIVE() is defined per forwarder by the bridge generator (per-shim counts)
     return f"  if ({call}) {{ ETM_HIT_NATIVE(); return 0; }}\n"
 
 
 # forwarded shim -> the C served before Python (bridge._native_path)
 NATIVE_PATHS = {
-    "aoti_torch_cpu_mm_out": _served("etm_fb_mm_out(a0, a1, a2)"),
-    "aoti_torch_cpu_bmm_out": _served("etm_fb_bmm_out(a0, a1, a2)"),
-    "aoti_torch_cpu_addmm_out": _served("etm_fb_addmm_out(a0, a1, a2, a3, a4, a5)"),
-    "aoti_torch_cpu_baddbmm_out": _served("etm_fb_baddbmm_out(a0, a1, a2, a3, a4, a5)"),
-    "aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu": _served(
+    "aoti_torch_cpu_mm_out": served("etm_fb_mm_out(a0, a1, a2)"),
+    "aoti_torch_cpu_bmm_out": served("etm_fb_bmm_out(a0, a1, a2)"),
+    "aoti_torch_cpu_addmm_out": served("etm_fb_addmm_out(a0, a1, a2, a3, a4, a5)"),
+    "aoti_torch_cpu_baddbmm_out": served("etm_fb_baddbmm_out(a0, a1, a2, a3, a4, a5)"),
+    "aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu": served(
         "etm_fb_sdpa_flash(a0, a1, a2, a3, a4, a5, a6, a7, a8)"
     ),
-    "aoti_torch_cpu_convolution": _served(
+    "aoti_torch_cpu_convolution": served(
         "etm_fb_convolution(a0, a1, a2, (const int64_t*)a3, a4, (const int64_t*)a5, a6, "
         "(const int64_t*)a7, a8, a9, (const int64_t*)a10, a11, a12, a13)"
     ),
-    "aoti_torch_cpu_topk": _served("etm_fb_topk(a0, a1, a2, a3, a4, a5, a6)"),
-    "aoti_torch_create_tensor_from_blob": _served(
+    "aoti_torch_cpu_topk": served("etm_fb_topk(a0, a1, a2, a3, a4, a5, a6)"),
+    "aoti_torch_create_tensor_from_blob": served(
         "etm_native_borrow(a0, a1, (const int64_t*)a2, (const int64_t*)a3, a4, a5, a6, a7, "
         "(void**)a8)"
     ),
     # strided layout (0) and no opaque metadata only; the rest is Python's to refuse
-    "aoti_torch_create_tensor_from_blob_v2": _served(
+    "aoti_torch_create_tensor_from_blob_v2": served(
         "a9 == 0 && a11 == 0 && etm_native_borrow(a0, a1, (const int64_t*)a2, "
         "(const int64_t*)a3, a4, a5, a6, a7, (void**)a8)"
     ),
-    "aoti_torch_new_tensor_handle": _served("etm_native_alias(a0, (void**)a1)"),
+    "aoti_torch_new_tensor_handle": served("etm_native_alias(a0, (void**)a1)"),
     # every other host fallback and the tensor utilities: generated from torch's headers
     **fallback_codegen.native_paths(),
 }
-# the libtorch tables of the bridge: the hand-written one and the generated one
+# the libtorch tables of the bridge: the hand-written one, the generated one and (in a
+# bridge with the emulated Metal device, emulated_mps/mps_fallbacks.cpp) the device's
 _TABLES = (("etm_lt_table", "etm_lt_count"), ("etm_lt_gen_table", "etm_lt_gen_count"))
+_OPTIONAL_TABLES = (("etm_lt_mps_table", "etm_lt_mps_count"),)
 
 
 class _Entry(ctypes.Structure):
@@ -122,7 +124,8 @@ def signature(decl: abi.Decl) -> str:
 
 def _entries(lib: ctypes.CDLL) -> list[_Entry]:
     rows: list[_Entry] = []
-    for table, count in _TABLES:
+    tables = [*_TABLES, *((t, c) for t, c in _OPTIONAL_TABLES if hasattr(lib, c))]
+    for table, count in tables:
         n = ctypes.c_int64.in_dll(lib, count).value
         rows.extend((_Entry * n).in_dll(lib, table))
     return rows

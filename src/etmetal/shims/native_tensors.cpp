@@ -27,6 +27,11 @@ static bool etm_ring_fill() {
 static bool etm_ring_ready = etm_ring_fill();
 ETM_EXPORT int8_t etm_itemsize[ETM_NDTYPES] = {0};
 ETM_EXPORT int64_t etm_native_limit = 0;  // set by Python (ShimContext.sync_native_policy)
+// the same for the emulated Metal device (c10 device type 13), whose buffers are host
+// memory; 0 (the default, and the stock runtime's) keeps every mps tensor Python's
+ETM_EXPORT int64_t etm_native_mps_limit = 0;
+// native mps allocations no Python storage holds (live_mps_storages counts them)
+ETM_EXPORT int64_t etm_native_mps_stores = 0, etm_native_mps_bytes = 0;
 ETM_EXPORT int64_t etm_native_cache_limit = 0;  // CACHE_LIMIT while models are open
 ETM_EXPORT int64_t etm_native_live = 0, etm_native_borrowed = 0;
 ETM_EXPORT int64_t etm_native_bytes = 0, etm_native_cached = 0, etm_native_stores = 0;
@@ -49,15 +54,33 @@ static void etm_slot_give(etm_rec* r) {
 // counting the references to it: one per native record that views it (etm_native_empty
 // and etm_native_view) plus one per Python Storage that adopted it (py_refs). A block
 // counts in etm_native_stores/etm_native_bytes while no Python Storage holds it (Python's
-// memory statistics count it as one of its own storages then).
+// memory statistics count it as one of its own storages then); an mps block counts in
+// etm_native_mps_stores/bytes as well. device: the c10 device type its tensors report.
 typedef struct {
-  int64_t refs, py_refs, nbytes, pad[5];
+  int64_t refs, py_refs, nbytes, device, pad[4];
 } etm_block;
 static_assert(sizeof(etm_block) == 64, "the header keeps the data 64-byte aligned");
 static etm_block* etm_block_at(void* data) { return (etm_block*)data - 1; }
+// a borrowing record starts (+1) or stops (-1) counting as a borrowed storage (an mps one
+// in etm_native_mps_borrowed as well: live_mps_storages counts it, as Python's)
+ETM_EXPORT int64_t etm_native_mps_borrowed = 0;
+static void etm_borrow_count(const etm_rec* r, int64_t sign) {
+  etm_native_borrowed += sign;
+  if (r->device_type == ETM_DEVICE_MPS) etm_native_mps_borrowed += sign;
+}
+// a block starts (+1) or stops (-1) counting as a native storage
+static void etm_store_count(const etm_block* b, int64_t sign) {
+  etm_native_stores += sign;
+  etm_native_bytes += sign * b->nbytes;
+  if (b->device == ETM_DEVICE_MPS) {
+    etm_native_mps_stores += sign;
+    etm_native_mps_bytes += sign * b->nbytes;
+  }
+}
 
-static void* etm_mem_alloc(int64_t nbytes) {
-  auto it = etm_cache.find(nbytes);
+// mps memory is never cached (as MpsAllocator): live mps memory is what the model holds
+static void* etm_mem_alloc(int64_t nbytes, int32_t device) {
+  auto it = device == ETM_DEVICE_MPS ? etm_cache.end() : etm_cache.find(nbytes);
   if (it != etm_cache.end() && !it->second.empty()) {
     void* p = it->second.back();
     it->second.pop_back();
@@ -70,7 +93,8 @@ static void* etm_mem_alloc(int64_t nbytes) {
 }
 static void etm_mem_free(void* p, int64_t nbytes) {
   if (!p) return;
-  if (etm_native_cached + nbytes <= etm_native_cache_limit) {
+  if (etm_block_at(p)->device != ETM_DEVICE_MPS &&
+      etm_native_cached + nbytes <= etm_native_cache_limit) {
     etm_cache[nbytes].push_back(p);
     etm_native_cached += nbytes;
   } else {
@@ -111,8 +135,7 @@ static etm_block* etm_block_of(const etm_rec* r) {
 static void etm_block_unref(void* data, etm_foreign* f) {
   etm_block* b = f ? &f->counts : etm_block_at(data);
   if (--b->refs) return;
-  etm_native_stores--;
-  etm_native_bytes -= b->nbytes;
+  etm_store_count(b, -1);
   if (!f) {
     etm_mem_free(data, b->nbytes);
     return;
@@ -127,10 +150,7 @@ static void etm_block_unref(void* data, etm_foreign* f) {
 ETM_EXPORT void etm_block_unref_python(void* data) {
   etm_foreign* f = etm_foreign_at(data);
   etm_block* b = f ? &f->counts : etm_block_at(data);
-  if (--b->py_refs == 0) {  // C's again: counted as a native storage until freed
-    etm_native_stores++;
-    etm_native_bytes += b->nbytes;
-  }
+  if (--b->py_refs == 0) etm_store_count(b, 1);  // C's again: a native storage until freed
   etm_block_unref(data, f);
 }
 // native records other than Python's storages that view the allocation at data
@@ -142,7 +162,7 @@ ETM_EXPORT int64_t etm_block_native_refs(void* data) {
 void etm_native_delete(etm_rec* r) {
   if (r->native == 1) etm_block_unref(etm_block_data(r), nullptr);
   else if (r->native == 3) etm_block_unref(etm_block_data(r), etm_foreign_at(etm_block_data(r)));
-  else etm_native_borrowed--;
+  else etm_borrow_count(r, -1);
   etm_native_live--;
   etm_slot_give(r);
 }
@@ -153,15 +173,26 @@ ETM_EXPORT int32_t etm_native_disown(void* h) {
   if (!r || !r->native) return 1;
   if (r->native != 2) {
     etm_block* b = etm_block_of(r);
-    if (b->py_refs++ == 0) {  // Python's storage now: its statistics count it
-      etm_native_stores--;
-      etm_native_bytes -= b->nbytes;
-    }
+    if (b->py_refs++ == 0) etm_store_count(b, -1);  // Python's storage now: it counts it
   } else {
-    etm_native_borrowed--;
+    etm_borrow_count(r, -1);
   }
   etm_native_live--;
   r->native = 0;
+  return 0;
+}
+// 1 if a live native record's storage (an allocation, libtorch's storage or borrowed
+// memory) holds [p, p + n): the emulated Metal device's copy checks in Python accept a
+// source only a native tensor knows (a scan of the native half: a rare, checked path)
+ETM_EXPORT int32_t etm_native_holds(uint64_t p, uint64_t n) {
+  if (p + n < p) return 0;
+  for (int64_t i = ETM_NPY; i < ETM_NREC; i++) {
+    const etm_rec* r = &etm_recs[i];
+    if (!r->live || r->native < 1 || r->native > 3 || r->dtype < 0 || r->dtype >= ETM_NDTYPES)
+      continue;
+    uint64_t base = (uint64_t)(intptr_t)etm_block_data(r);
+    if (p >= base && p + n <= base + (uint64_t)r->storage_bytes) return 1;
+  }
   return 0;
 }
 // delete a native handle from Python (cleanup after a failed run); 1 if it is not native
@@ -201,13 +232,13 @@ static bool etm_geometry(int64_t ndim, const int64_t* sizes, const int64_t* stri
 // a live native record of kind 1 (viewing the allocation at data) or 2 (borrowing)
 static void etm_fill(etm_rec* r, char* data, int64_t item, int64_t ndim, const int64_t* sizes,
                      const int64_t* strides, int64_t offset, int64_t numel, int32_t dtype,
-                     int64_t kind, int64_t storage_bytes) {
+                     int32_t device, int64_t kind, int64_t storage_bytes) {
   r->data_ptr = (int64_t)(intptr_t)(data + offset * item);
   r->dim = ndim;
   r->offset = offset;
   r->numel = numel;
   r->dtype = dtype;
-  r->device_type = 0;
+  r->device_type = device;
   for (int64_t d = 0; d < ndim; d++) { r->sizes[d] = sizes[d]; r->strides[d] = strides[d]; }
   r->native = kind;
   r->storage_bytes = storage_bytes;
@@ -217,7 +248,10 @@ static void etm_fill(etm_rec* r, char* data, int64_t item, int64_t ndim, const i
 
 int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype,
                      int32_t device_type, int32_t device_index, void** ret) {
-  if (etm_native_limit <= 0 || !ret || ndim < 0 || ndim > ETM_MAX_DIMS || device_type != 0 ||
+  int64_t limit = device_type == 0 ? etm_native_limit
+                  : device_type == ETM_DEVICE_MPS ? etm_native_mps_limit
+                                                  : 0;
+  if (limit <= 0 || !ret || ndim < 0 || ndim > ETM_MAX_DIMS ||
       (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
       !etm_itemsize[dtype] || (ndim && !sizes))
     return 0;
@@ -230,19 +264,20 @@ int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides,
   if (!etm_geometry(ndim, sizes, st, &numel, &extent)) return 0;
   int64_t nbytes;
   if (__builtin_mul_overflow(extent, (int64_t)etm_itemsize[dtype], &nbytes) ||
-      nbytes > etm_native_limit)
+      nbytes > limit)
     return 0;
   etm_rec* r = etm_slot_take();
   if (!r) return 0;
-  void* p = etm_mem_alloc(nbytes);
+  void* p = etm_mem_alloc(nbytes, device_type);
   if (!p) { etm_slot_give(r); return 0; }
   etm_block* b = etm_block_at(p);
   b->refs = 1;
   b->py_refs = 0;
   b->nbytes = nbytes;
-  etm_fill(r, (char*)p, etm_itemsize[dtype], ndim, sizes, st, 0, numel, dtype, 1, nbytes);
-  etm_native_stores++;
-  etm_native_bytes += nbytes;
+  b->device = device_type;
+  etm_fill(r, (char*)p, etm_itemsize[dtype], ndim, sizes, st, 0, numel, dtype, device_type, 1,
+           nbytes);
+  etm_store_count(b, 1);
   *ret = r;
   return 1;
 }
@@ -265,9 +300,9 @@ int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_
   if (!r) return 0;
   // the same allocation (kind 1) or borrowed storage (kind 2), another geometry
   char* data = (char*)(intptr_t)(base->data_ptr - base->offset * item);
-  etm_fill(r, data, item, ndim, sizes, strides, offset, numel, base->dtype, base->native,
-           base->storage_bytes);
-  if (r->native == 2) etm_native_borrowed++;
+  etm_fill(r, data, item, ndim, sizes, strides, offset, numel, base->dtype, base->device_type,
+           base->native, base->storage_bytes);
+  if (r->native == 2) etm_borrow_count(r, 1);
   else etm_block_of(r)->refs++;
   *ret = r;
   return 1;
@@ -287,7 +322,8 @@ int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int6
                       int64_t offset, int32_t dtype, int32_t device_type, int32_t device_index,
                       void** ret) {
   if (!etm_native_borrows || !ret || !data || ndim < 0 || ndim > ETM_MAX_DIMS ||
-      (ndim && !sizes) || offset < 0 || device_type != 0 ||
+      (ndim && !sizes) || offset < 0 ||
+      !(device_type == 0 || (device_type == ETM_DEVICE_MPS && etm_native_mps_limit > 0)) ||
       (device_index != 0 && device_index != -1) || dtype < 0 || dtype >= ETM_NDTYPES ||
       !etm_itemsize[dtype])
     return 0;
@@ -303,22 +339,25 @@ int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int6
     return 0;  // no elements, or out of range: Python's shim serves or reports it
   etm_rec* r = etm_slot_take();
   if (!r) return 0;
-  etm_fill(r, (char*)data, item, ndim, sizes, st, offset, numel, dtype, 2, end);
-  etm_native_borrowed++;
+  etm_fill(r, (char*)data, item, ndim, sizes, st, offset, numel, dtype, device_type, 2, end);
+  etm_borrow_count(r, 1);
   *ret = r;
   return 1;
 }
 
 // another handle of the same native tensor (new_tensor_handle): counts like a view
 int etm_native_alias(void* self, void** ret) {
-  if (!etm_native_borrows || !ret) return 0;
+  if (!ret) return 0;
   etm_rec* base = etm_rec_of(self);
   if (!base || !base->native || (etm_alias_log && etm_alias_len >= etm_alias_cap)) return 0;
+  // outside a constant load, while the native implementation serves views (an alias of
+  // a borrowed record counts as one more borrowed storage until it is deleted)
+  if (!etm_native_borrows && !etm_native_views) return 0;
   etm_rec* r = etm_slot_take();
   if (!r) return 0;
   std::memcpy(r, base, sizeof(etm_rec));
   etm_native_live++;
-  if (r->native == 2) etm_native_borrowed++;
+  if (r->native == 2) etm_borrow_count(r, 1);
   else etm_block_of(r)->refs++;
   if (etm_alias_log) etm_alias_log[etm_alias_len++] = r;
   *ret = r;
@@ -345,6 +384,13 @@ ETM_EXPORT void* etm_native_lend(void* data, int64_t ndim, const int64_t* sizes,
 int etm_native_adopt(void* owner, void* data, int64_t storage_bytes, int64_t ndim,
                      const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype,
                      void** ret) {
+  return etm_native_adopt_on(owner, data, storage_bytes, ndim, sizes, strides, offset, dtype, 0,
+                             ret);
+}
+
+int etm_native_adopt_on(void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                        const int64_t* sizes, const int64_t* strides, int64_t offset,
+                        int32_t dtype, int32_t device, void** ret) {
   if (!owner || !data || !ret || storage_bytes <= 0 || ndim < 0 || ndim > ETM_MAX_DIMS ||
       (ndim && (!sizes || !strides)) || offset < 0 || dtype < 0 || dtype >= ETM_NDTYPES ||
       !etm_itemsize[dtype])
@@ -356,20 +402,21 @@ int etm_native_adopt(void* owner, void* data, int64_t storage_bytes, int64_t ndi
       end > storage_bytes)
     return 0;
   etm_foreign* f = etm_foreign_at(data);
-  if (f && f->counts.nbytes != storage_bytes) return 0;  // cannot be the same storage
+  if (f && (f->counts.nbytes != storage_bytes || f->counts.device != device))
+    return 0;  // cannot be the same storage
   etm_rec* r = etm_slot_take();
   if (!r) return 0;
   // first: sizes and strides may be the owner's own arrays
-  etm_fill(r, (char*)data, item, ndim, sizes, strides, offset, numel, dtype, 3, storage_bytes);
+  etm_fill(r, (char*)data, item, ndim, sizes, strides, offset, numel, dtype, device, 3,
+           storage_bytes);
   if (f) {  // another tensor of a storage already here: that one's owner keeps it alive
     f->counts.refs++;
     if (etm_foreign_release) etm_foreign_release(owner);
   } else {
-    f = new etm_foreign{{1, 0, storage_bytes, {0, 0, 0, 0, 0}}, owner};
+    f = new etm_foreign{{1, 0, storage_bytes, device, {0, 0, 0, 0}}, owner};
     etm_foreign_blocks[(intptr_t)data] = f;
     etm_foreign_live++;
-    etm_native_stores++;
-    etm_native_bytes += storage_bytes;
+    etm_store_count(&f->counts, 1);
   }
   *ret = r;
   return 1;
@@ -390,7 +437,7 @@ int etm_native_rebind(void* h, void* owner, void* data, int64_t storage_bytes, i
   void* before = old.native == 2 ? nullptr : etm_block_data(&old);
   if (old.native == 1) etm_block_unref(before, nullptr);
   else if (old.native == 3) etm_block_unref(before, etm_foreign_at(before));
-  else etm_native_borrowed--;
+  else etm_borrow_count(&old, -1);
   etm_native_live--;
   return 1;
 }
@@ -400,8 +447,8 @@ int etm_native_placeholder(void** ret) {
   etm_rec* r = etm_slot_take();
   if (!r) return 0;
   const int64_t size = 0, stride = 1;
-  etm_fill(r, nullptr, 4, 1, &size, &stride, 0, 0, 6 /* float32 */, 2, 0);
-  etm_native_borrowed++;
+  etm_fill(r, nullptr, 4, 1, &size, &stride, 0, 0, 6 /* float32 */, 0, 2, 0);
+  etm_borrow_count(r, 1);
   *ret = r;
   return 1;
 }
@@ -418,7 +465,7 @@ ETM_EXPORT int32_t etm_run(etm_call* c) {
     r->native = 2;
     r->live = 1;
     etm_native_live++;
-    etm_native_borrowed++;
+    etm_borrow_count(r, 1);
     c->in_handles[i] = r;
   }
   for (int64_t i = 0; i < c->n_out; i++) c->out_handles[i] = nullptr;

@@ -16,6 +16,7 @@
 #define ETM_TABLE_SLOTS 32768  // native_tensors.TABLE_SLOTS: lower half Python's, upper native
 #define ETM_NO_SLOT (-0x7E7)   // native_tensors.NO_SLOT: etm_run found no free record
 #define ETM_NDTYPES 64         // c10 dtype codes etm_itemsize covers
+#define ETM_DEVICE_MPS 13      // c10 DeviceType::MPS: the emulated Metal device (host memory)
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,14 +81,16 @@ static inline etm_rec* etm_rec_of(void* h) {
   return r->live ? r : NULL;
 }
 
-// empty_strided for host memory within the limit; 0: not served here (Python decides/reports)
+// empty_strided for host memory (device 0, or 13 while the mps limit is set) within the
+// device's limit; 0: not served here (Python decides/reports)
 int etm_native_empty(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype,
                      int32_t device_type, int32_t device_index, void** ret);
 // _reinterpret_tensor of a native tensor: a native view of the same allocation or borrowed
 // storage; 0: not served here (the policy says materialize, an error for Python to report)
 int etm_native_view(void* self, int64_t ndim, const int64_t* sizes, const int64_t* strides,
                     int64_t offset_increment, void** ret);
-// create_tensor_from_blob of host memory: a borrowed record (never frees the memory);
+// create_tensor_from_blob of host memory (device 0, or 13 as etm_native_empty): a borrowed
+// record (never frees the memory);
 // 0: not served here
 int etm_native_borrow(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
                       int64_t offset, int32_t dtype, int32_t device_type, int32_t device_index,
@@ -103,6 +106,10 @@ ETM_EXPORT extern etm_release_fn etm_foreign_release;
 int etm_native_adopt(void* owner, void* data, int64_t storage_bytes, int64_t ndim,
                      const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype,
                      void** ret);
+// the same, for a record that reports c10 device type device (an mps fallback's result)
+int etm_native_adopt_on(void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                        const int64_t* sizes, const int64_t* strides, int64_t offset,
+                        int32_t dtype, int32_t device, void** ret);
 // make the live native record h name a storage libtorch made (the proxy executor's
 // result: libtorch's `*handle = t`), dropping what it named before; 1 on success (owner
 // is then the record's, as in etm_native_adopt), 0 with nothing changed

@@ -42,6 +42,8 @@ TABLE_SLOTS = (
 NO_SLOT = -0x7E7  # ETM_NO_SLOT: etm_run found no free native record; nothing ran
 NDTYPES = 64  # ETM_NDTYPES: dtype codes etm_itemsize covers
 NATIVE_LIMIT = 1 << 20  # largest empty_strided served natively, bytes (bigger: Python's)
+# the same on the emulated Metal device (no free cache there: its memory is what models hold)
+NATIVE_MPS_LIMIT = 1 << 30
 CACHE_LIMIT = 64 << 20  # freed native allocations kept for reuse, bytes
 
 # etm_rec.native: a native allocation, borrowed memory, a storage libtorch made
@@ -198,12 +200,22 @@ class NativeRecord:
     strides: tuple[int, ...]
     offset: int
     storage_bytes: int
+    device_type: int = 0  # the c10 device its tensor reports (13: the emulated Metal device)
 
 
 def pack_image(
-    buffer, index: int, data_ptr: int, dtype: int, sizes, strides, offset: int, storage_bytes: int
+    buffer,
+    index: int,
+    data_ptr: int,
+    dtype: int,
+    sizes,
+    strides,
+    offset: int,
+    storage_bytes: int,
+    device_type: int = 0,
 ) -> None:
-    """Write record image ``index`` of ``buffer`` (an input ``etm_run`` will borrow)."""
+    """Write record image ``index`` of ``buffer`` (an input ``etm_run`` will borrow, on
+    c10 device ``device_type``)."""
     d = len(sizes)
     numel = 1
     for s in sizes:
@@ -218,7 +230,7 @@ def pack_image(
         offset,
         numel,
         dtype,
-        0,
+        device_type,
         *sizes,
         *pad,
         *strides,
@@ -239,10 +251,11 @@ class NativeTensors:
         self.records_end = records_base + TABLE_SLOTS * RECORD_SIZE
         self._memory = (ctypes.c_char * (TABLE_SLOTS * RECORD_SIZE)).from_address(records_base)
         self._limit = ctypes.c_int64.in_dll(lib, "etm_native_limit")
+        self._mps_limit = ctypes.c_int64.in_dll(lib, "etm_native_mps_limit")
         self._cache_limit = ctypes.c_int64.in_dll(lib, "etm_native_cache_limit")
         self._counters = {
             name: ctypes.c_int64.in_dll(lib, f"etm_native_{name}")
-            for name in ("live", "borrowed", "bytes", "cached", "stores")
+            for name in ("live", "borrowed", "bytes", "cached", "stores", "mps_stores", "mps_bytes")
         }
         for name, argtypes, restype in (
             ("etm_native_disown", [ctypes.c_void_p], ctypes.c_int32),
@@ -286,6 +299,15 @@ class NativeTensors:
     def set_limit(self, nbytes: int) -> None:
         """Serve ``empty_strided`` natively up to ``nbytes`` (0: every allocation in Python)."""
         self._limit.value = nbytes
+
+    def set_mps_limit(self, nbytes: int) -> None:
+        """Serve mps ``empty_strided`` (and mps borrows and fallbacks) natively up to
+        ``nbytes`` (0: every mps tensor in Python)."""
+        self._mps_limit.value = nbytes
+
+    @property
+    def mps_limit(self) -> int:
+        return self._mps_limit.value
 
     def set_views(self, on: bool) -> None:
         """Serve ``_reinterpret_tensor`` of native tensors natively (the "view" policy)."""
@@ -346,7 +368,7 @@ class NativeTensors:
         """The native record at ``handle``, or None when it is not a live native tensor."""
         if not self.in_native_half(handle) or (handle - self.native_base) % RECORD_SIZE:
             return None
-        (live, ptr, dim, offset, _, dtype, _, *rest) = _RECORD.unpack_from(
+        (live, ptr, dim, offset, _, dtype, device_type, *rest) = _RECORD.unpack_from(
             self._memory, handle - self.records_base
         )
         kind, storage_bytes = rest[-2], rest[-1]
@@ -354,7 +376,7 @@ class NativeTensors:
             return None
         sizes = tuple(rest[:dim])
         strides = tuple(rest[MAX_DIMS : MAX_DIMS + dim])
-        return NativeRecord(kind, ptr, dtype, sizes, strides, offset, storage_bytes)
+        return NativeRecord(kind, ptr, dtype, sizes, strides, offset, storage_bytes, device_type)
 
     def disown(self, handle: int) -> None:
         if self.lib.etm_native_disown(handle):

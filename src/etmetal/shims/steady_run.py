@@ -51,11 +51,20 @@ class SteadyRun:
     """The prepared ``etm_call`` of one model container and the per-run bookkeeping."""
 
     def __init__(
-        self, ctx, run_fn: int, container: int, n_in: int, n_out: int, proxy: int | None = None
+        self,
+        ctx,
+        run_fn: int,
+        container: int,
+        n_in: int,
+        n_out: int,
+        proxy: int | None = None,
+        device_type: int = 0,
     ) -> None:
         """``ctx``: the model's ``ShimContext`` (its bridge is loaded); ``proxy``: the proxy
-        executor handle the runs pass (None: the model has none)."""
+        executor handle the runs pass (None: the model has none); ``device_type``: the c10
+        device the inputs stand for (host memory either way: 0, or 13 for mps)."""
         self.ctx = ctx
+        self.device_type = device_type
         self.n_in, self.n_out = n_in, n_out
         self._images = ctypes.create_string_buffer(max(n_in, 1) * RECORD_SIZE)
         self._in_handles = (ctypes.c_void_p * max(n_in, 1))()
@@ -122,6 +131,7 @@ class SteadyRun:
             tuple(t.stride()),
             offset,
             untyped.nbytes(),
+            self.device_type,
         )
         self._keys[i] = key
         return True

@@ -162,10 +162,10 @@ class Storage:
         )
 
     @classmethod
-    def native(cls, ptr: int, nbytes: int, unref) -> Storage:
+    def native(cls, ptr: int, nbytes: int, unref, device_type: int = DEVICE_CPU) -> Storage:
         """Hold a reference to an allocation the bridge made (``native_tensors``);
         ``unref(ptr)`` drops it once neither this storage nor any ATen view of it is left."""
-        storage = cls(ptr, nbytes, owned=True)
+        storage = cls(ptr, nbytes, owned=True, device_type=device_type)
         storage._block = NativeBlock(ptr, nbytes, unref)
         return storage
 

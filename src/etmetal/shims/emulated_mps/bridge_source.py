@@ -8,10 +8,24 @@ the MSL executor) served in C for the functions Python registered when they were
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
+import torch
+
+from etmetal.common.fallback_table import all_fallback_shims
+from etmetal.shims import abi, int4_kernel, native_fallbacks
+from etmetal.shims.fallback_shims import mps_conv_memory_format
+
 HERE = Path(__file__).parent
-SOURCES = (HERE / "bridge_source.cpp", HERE / "mps_encoder.cpp", HERE / "mps_buffers.cpp")
+SOURCES = (
+    HERE / "bridge_source.cpp",
+    HERE / "mps_encoder.cpp",
+    HERE / "mps_buffers.cpp",
+    # the int4 linear's kernel (the Python shim's, int4_kernel), for mps_fallbacks.cpp
+    HERE.parent / "int4_linear.c",
+    HERE / "mps_fallbacks.cpp",
+)
 
 INCLUDES = (
     "#include <cstdarg>\n#include <cstdlib>\n#include <cstring>\n#include <functional>\n"
@@ -67,6 +81,61 @@ NATIVE_PATHS = {
     + "  ETM_HIT_PYTHON();\n"
     "  return etm_mps_run_command_block(a0, a1, a2, etm_fp_aoti_torch_mps_run_command_block);\n",
 }
+
+
+def _on_mps(host_path: str) -> str:
+    """A host fallback's native path run on the records of the emulated Metal device."""
+    return f"  {{ etm_mps_scope etm_scope_;\n    if (etm_scope_.on()) {{\n{host_path}    }} }}\n"
+
+
+def _fallback_paths() -> dict[str, str]:
+    """``aoti_torch_mps_<op>`` -> its native path: the host path of ``aoti_torch_cpu_<op>``
+    on mps records where the two take the same arguments; the math attention and the
+    convolution (its layout) have their own (``mps_fallbacks.cpp``)."""
+    decls = abi.declarations()
+    paths = {}
+    for name in all_fallback_shims():
+        if not name.startswith("aoti_torch_mps_"):
+            continue
+        host = "aoti_torch_cpu_" + name.removeprefix("aoti_torch_mps_")
+        path = native_fallbacks.NATIVE_PATHS.get(host)
+        if path is not None and host in decls and decls[host].argtypes == decls[name].argtypes:
+            paths[name] = _on_mps(path)
+    sdpa = "aoti_torch_mps__scaled_dot_product_attention_math_for_mps"
+    paths[sdpa] = native_fallbacks.served(
+        "etm_mps_sdpa_math(a0, a1, a2, a3, a4, a5, a6, a7, 0, a8, a9)"
+    )
+    paths[sdpa + "_v2"] = native_fallbacks.served(
+        "etm_mps_sdpa_math(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)"
+    )
+    paths["aoti_torch_mps__linear_fp_act_4bit_weight"] = native_fallbacks.served(
+        "etm_mps_int4_linear(a0, a1, a2, a3, a4, a5)"
+    )
+    paths["aoti_torch_mps_convolution"] = native_fallbacks.served(
+        "etm_mps_convolution(a0, a1, a2, (const int64_t*)a3, a4, (const int64_t*)a5, a6, "
+        "(const int64_t*)a7, a8, a9, (const int64_t*)a10, a11, a12, a13)"
+    )
+    return paths
+
+
+NATIVE_PATHS.update(_fallback_paths())
+
+
+def attach(ctx) -> None:
+    """Tell the loaded bridge of ``ctx`` the layout torch's mps convolution rule gives each
+    pair of input and weight layouts (``etm_mps_conv_rule``) and up to how many rows the
+    int4 linear runs the dot-product kernel (mps_fallbacks.cpp)."""
+    lib = ctx.native.lib
+    ctypes.c_int64.in_dll(lib, "etm_mps_int4_dot_rows").value = int4_kernel.DOT_ROWS
+    ctypes.c_int64.in_dll(lib, "etm_mps_int4_tile_bytes").value = int4_kernel.TILE_BYTES
+    table = (ctypes.c_int64 * 4).in_dll(lib, "etm_mps_conv_rule")
+    layouts = (torch.contiguous_format, torch.channels_last)
+    for xl, x_format in enumerate(layouts):
+        for wl, w_format in enumerate(layouts):
+            x = torch.empty(1, 2, 3, 3).contiguous(memory_format=x_format)
+            w = torch.empty(2, 2, 2, 2).contiguous(memory_format=w_format)
+            rule = mps_conv_memory_format(x, w)
+            table[xl * 2 + wl] = layouts.index(rule) if rule in layouts else -1
 
 
 def c_source() -> str:

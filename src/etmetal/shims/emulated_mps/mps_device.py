@@ -201,10 +201,15 @@ def _native_holds(ctx, ptr: int, nbytes: int) -> bool:
 
 
 def live_mps_storages(ctx) -> int:
-    """Live ``mps`` memory objects: storages with tensors on them plus ``mps_malloc`` buffers
-    (Python's and the bridge's)."""
+    """Live ``mps`` memory objects: storages with tensors on them (Python's and the bridge's
+    native ones) plus ``mps_malloc`` buffers (Python's and the bridge's)."""
     tensors = sum(1 for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS)
-    return tensors + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
+    native = _native_count(ctx, "etm_native_mps_stores") + _native_count(
+        ctx, "etm_native_mps_borrowed"
+    )
+    return (
+        tensors + native + len(mps_state(ctx).buffers) + _native_count(ctx, "etm_mps_buffer_count")
+    )
 
 
 def live_mps_bytes(ctx) -> int:
@@ -212,7 +217,21 @@ def live_mps_bytes(ctx) -> int:
         s.nbytes for s in ctx.live_storages.values() if s.device_type == DEVICE_MPS and s.owned
     )
     python = sum(b.nbytes for b in mps_state(ctx).buffers.values())
-    return owned + python + _native_count(ctx, "etm_mps_buffer_bytes")
+    native = _native_count(ctx, "etm_native_mps_bytes")
+    return owned + native + python + _native_count(ctx, "etm_mps_buffer_bytes")
+
+
+def plain_memory(ctx) -> bool:
+    """True while ``ctx``'s mps memory may be allocated natively: the Metal checker is off
+    (in check mode new memory is poisoned and every launch goes through Python), also
+    when the checker's mode only waits in the environment for the device state."""
+    st = ctx.device_state.get(METAL_DEVICE)
+    if st is not None:
+        return st.check is None
+    try:
+        return mode_from_env() is None
+    except ValueError:
+        return False  # the state's creation reports it
 
 
 def take_unchecked_error(ctx) -> str:
@@ -270,6 +289,9 @@ def _source_span(ctx, ptr: int, nbytes: int, what: str) -> None:
     for s in ctx.live_storages.values():
         if s.ptr <= ptr and end <= s.ptr + s.nbytes:
             return
+    lib = _native_buffers(ctx)  # a live tensor of the bridge's native records
+    if lib is not None and lib.etm_native_holds(ctypes.c_uint64(ptr), ctypes.c_uint64(nbytes)):
+        return
     raise ShimError(
         f"{what}: bytes [{ptr:#x}, +{nbytes}) are not inside the model's weights blob, a "
         "buffer from aoti_torch_mps_malloc or a live tensor (an offset past the source?)"

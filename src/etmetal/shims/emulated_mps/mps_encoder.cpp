@@ -158,7 +158,13 @@ static int32_t etm_mps_set_arg_tensor(etm_mps_fn* f, uint32_t idx, void* handle)
         f->name, idx);
   if (k != ETM_ARG_UNKNOWN && k != ETM_ARG_BUFFER) {
     // a value read by reference from a tensor (rare: Inductor binds scalars by value)
-    int64_t have = etm_mps_room ? etm_mps_room(handle) : -1;
+    // a native record knows its room itself (asking Python would make Python adopt it)
+    const etm_rec* nr = etm_rec_of(handle);
+    bool known = nr && nr->native && nr->dtype >= 0 && nr->dtype < ETM_NDTYPES &&
+                 etm_itemsize[nr->dtype];
+    int64_t have = known ? nr->storage_bytes - nr->offset * etm_itemsize[nr->dtype]
+                   : etm_mps_room ? etm_mps_room(handle)
+                                  : -1;
     if (have < f->kind_bytes[idx]) {
       char d[96];
       return etm_mps_error(shim,

@@ -26,6 +26,9 @@ DEVICE = Device(
     mps_device.MpsAllocator,
     shims={**mps_device.SHIMS, **mps_kernels.SHIMS},
     take_unchecked_error=mps_device.take_unchecked_error,
+    # mps buffers are host memory: the bridge's native tensors serve them too
+    host_memory=mps_device.plain_memory,
+    attach=bridge_source.attach,
     # the command-block callback runs in C (the C++ std::function never reaches Python)
     bridge_source=BridgeSource(
         includes=bridge_source.INCLUDES,

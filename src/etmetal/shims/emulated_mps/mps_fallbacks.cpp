@@ -1,0 +1,252 @@
+// The emulated Metal device's fallbacks (aoti_torch_mps_*) served in C. Compiled into the
+// bridge source, inside its extern "C" block, after mps_encoder.cpp and mps_buffers.cpp.
+//
+// mps memory is host memory, so an mps fallback is the host fallback on records that
+// report device 13: each entry enters that device (etm_fb_enter, native_fallbacks.h) for
+// the length of the call, runs the host path (libtorch's own aoti_torch_cpu_* over the
+// records' memory) and the results it adopts report device 13 too. What the host has no
+// path for is here: the math attention of macOS torch (through libtorch's dispatcher) and
+// the layout check of the mps convolution. Anything not served goes on to Python's shim,
+// which serves it or names what is wrong.
+
+// the device scope of one call: on() is false while mps is not served natively
+struct etm_mps_scope {
+  int32_t previous;
+  etm_mps_scope() : previous(etm_fb_enter(ETM_DEVICE_MPS)) {}
+  ~etm_mps_scope() {
+    if (previous >= 0) etm_fb_leave(previous);
+  }
+  etm_mps_scope(const etm_mps_scope&) = delete;
+  etm_mps_scope& operator=(const etm_mps_scope&) = delete;
+  bool on() const { return previous >= 0; }
+};
+
+// libtorch's aoti_torch_call_dispatcher (c/shim.h): Python checks the signature against
+// torch's headers and fills the slot (native_fallbacks.bind reads this table too)
+typedef int32_t (*etm_lt_dispatch_fn)(const char*, const char*, uint64_t*);
+static etm_lt_dispatch_fn etm_lt_call_dispatcher = nullptr;
+// (declared extern first: a const at namespace scope would otherwise be internal)
+ETM_EXPORT extern const etm_lt_entry etm_lt_mps_table[];
+ETM_EXPORT extern const int64_t etm_lt_mps_count;
+const etm_lt_entry etm_lt_mps_table[] = {
+    {"aoti_torch_call_dispatcher", "int32_t(void*, void*, void*)",
+     (void**)(void*)&etm_lt_call_dispatcher},
+};
+const int64_t etm_lt_mps_count = sizeof(etm_lt_mps_table) / sizeof(etm_lt_mps_table[0]);
+
+// the layout class of a convolution operand: 0 contiguous, 1 channels-last (4-d, every
+// stride exactly NHWC's), -1 anything else; contiguous or channels-last with one channel
+// (size 1 along dim 1) is -1 too, since c10 could read it either way
+static int etm_mps_layout(const etm_rec* r) {
+  int64_t expected = 1;
+  bool contiguous = true;
+  for (int64_t d = r->dim - 1; d >= 0 && contiguous; d--) {
+    if (r->sizes[d] != 1 && r->strides[d] != expected) contiguous = false;
+    expected *= r->sizes[d];
+  }
+  if (r->dim < 4) return contiguous ? 0 : -1;
+  if (r->dim != 4 || r->sizes[1] < 2) return -1;
+  if (contiguous) return 0;
+  const int64_t *n = r->sizes, *st = r->strides;
+  bool nhwc = st[1] == 1 && st[3] == n[1] && st[2] == n[1] * n[3] && st[0] == n[1] * n[2] * n[3];
+  return nhwc ? 1 : -1;
+}
+
+// the layout macOS torch's convolution rule gives an mps result, by the layout class of
+// input (row) and weight (column): 0 contiguous, 1 channels-last, -1 unknown (Python's).
+// Python fills it when the bridge loads, from the rule torch itself applies
+// (bridge_source.attach), so both implementations agree
+ETM_EXPORT int64_t etm_mps_conv_rule[4] = {-1, -1, -1, -1};
+
+// a packed contiguous copy of y on the emulated device, element by element (what
+// Tensor.contiguous() gives, bit for bit); NULL when no native tensor can hold it
+static etm_rec* etm_mps_packed_copy(const etm_rec* y) {
+  void* h = nullptr;
+  if (!etm_native_empty(y->dim, y->sizes, nullptr, y->dtype, ETM_DEVICE_MPS, 0, &h)) return nullptr;
+  etm_rec* out = (etm_rec*)h;
+  int64_t item = etm_itemsize[y->dtype], index[ETM_MAX_DIMS] = {0};
+  const char* src = (const char*)(intptr_t)y->data_ptr;
+  char* dst = (char*)(intptr_t)out->data_ptr;
+  for (int64_t n = 0; n < y->numel; n++) {
+    int64_t at = 0;
+    for (int64_t d = 0; d < y->dim; d++) at += index[d] * y->strides[d];
+    std::memcpy(dst + n * item, src + at * item, (size_t)item);
+    for (int64_t d = y->dim - 1; d >= 0 && ++index[d] == y->sizes[d]; d--) index[d] = 0;
+  }
+  return out;
+}
+
+// aoti_torch_mps_convolution: the result must have the layout Inductor compiled against,
+// the one torch's mps rule picks (fallback_shims.convolution): the host kernel's result,
+// made contiguous when the rule says so; a case the table does not know is Python's
+int etm_mps_convolution(void* input, void* weight, void* bias, const int64_t* stride,
+                        int64_t stride_len, const int64_t* padding, int64_t padding_len,
+                        const int64_t* dilation, int64_t dilation_len, int32_t transposed,
+                        const int64_t* output_padding, int64_t output_padding_len,
+                        int64_t groups, void* ret0) {
+  etm_mps_scope scope;
+  if (!scope.on() || !ret0) return 0;
+  const etm_rec *x = etm_host_rec(input), *w = etm_host_rec(weight);
+  if (!x || !w || x->dim < 3 || x->dim > 4) return 0;
+  int64_t target = 0;  // the rule for fewer than 4 dimensions: contiguous
+  if (x->dim == 4) {
+    int xl = etm_mps_layout(x), wl = etm_mps_layout(w);
+    if (xl < 0 || wl < 0) return 0;
+    target = etm_mps_conv_rule[xl * 2 + wl];
+  }
+  if (target < 0) return 0;
+  if (!etm_fb_convolution(input, weight, bias, stride, stride_len, padding, padding_len, dilation,
+                          dilation_len, transposed, output_padding, output_padding_len, groups,
+                          ret0))
+    return 0;
+  etm_rec* y = etm_rec_of(*(void**)ret0);
+  if (y && y->dim == x->dim && etm_mps_layout(y) == target) return 1;
+  etm_rec* packed = y && target == 0 ? etm_mps_packed_copy(y) : nullptr;
+  if (y) etm_native_delete(y);
+  *(void**)ret0 = packed;
+  // nothing made: Python's shim runs it (the op is pure, running it again is safe)
+  return packed != nullptr;
+}
+
+static uint64_t etm_siv_double(double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+// aoti_torch_mps__scaled_dot_product_attention_math_for_mps(_v2): what macOS torch runs,
+// aten::_scaled_dot_product_attention_math, called through libtorch's dispatcher with a
+// stack of StableIValues (a tensor: a handle the call takes over; an optional: NULL or a
+// new StableIValue the call deletes)
+int etm_mps_sdpa_math(void* q, void* k, void* v, void* mask, double dropout_p, int32_t is_causal,
+                      void* dropout_mask, void* scale, int32_t enable_gqa, void* ret0,
+                      void* ret1) {
+  etm_mps_scope scope;
+  if (!scope.on() || !etm_lt_call_dispatcher || !etm_can_adopt() || !ret0 || !ret1 ||
+      dropout_p != 0.0 || (dropout_mask && *(void**)dropout_mask))
+    return 0;  // dropout is Python's to refuse
+  const etm_rec* recs[4] = {etm_host_rec(q), etm_host_rec(k), etm_host_rec(v), nullptr};
+  if (!recs[0] || !recs[1] || !recs[2] || !etm_optional(mask, &recs[3])) return 0;
+  const etm_rec *rq = recs[0], *rk = recs[1], *rv = recs[2];
+  if (rq->dim != 4 || rk->dim != 4 || rv->dim != 4 || rq->sizes[3] != rk->sizes[3] ||
+      rk->sizes[2] != rv->sizes[2])
+    return 0;  // Python's shim names what is wrong
+  int n = recs[3] ? 4 : 3;
+  void* t[4] = {nullptr, nullptr, nullptr, nullptr};
+  if (!etm_lend(recs, n, t)) return 0;
+  // as Python's shim: the group factor also follows from the shapes
+  bool gqa = enable_gqa || rq->sizes[1] != rk->sizes[1];
+  uint64_t* mask_iv = n == 4 ? new uint64_t((uint64_t)(uintptr_t)t[3]) : nullptr;
+  uint64_t* scale_iv = scale ? new uint64_t(etm_siv_double(*(const double*)scale)) : nullptr;
+  uint64_t stack[9] = {
+      (uint64_t)(uintptr_t)t[0], (uint64_t)(uintptr_t)t[1], (uint64_t)(uintptr_t)t[2],
+      (uint64_t)(uintptr_t)mask_iv, etm_siv_double(0.0), (uint64_t)(is_causal != 0),
+      0,  // dropout_mask: None
+      (uint64_t)(uintptr_t)scale_iv, (uint64_t)gqa,
+  };
+  // the lent handles belong to the call now, even when it fails (a failure before they
+  // were taken leaves a few wrapper objects, never the memory they wrap)
+  if (etm_lt_call_dispatcher("aten::_scaled_dot_product_attention_math", "", stack) != 0)
+    return 0;
+  void* rets[2] = {(void*)(uintptr_t)stack[0], (void*)(uintptr_t)stack[1]};
+  void* made[2];
+  if (!etm_adopt_all(rets, 2, made)) return 0;
+  *(void**)ret0 = made[0];
+  *(void**)ret1 = made[1];
+  return 1;
+}
+
+// ---- the custom operators (shims/custom_op_shims.py) ----
+
+// up to this many rows of A the Python shim runs int4_linear.c's dot-product kernel, and
+// above it a float32 matmul over tiles of this many bytes of dequantized weights
+// (int4_kernel.DOT_ROWS and TILE_BYTES; Python writes them when the bridge loads, 0: no
+// int4 linear is served here)
+ETM_EXPORT int64_t etm_mps_int4_dot_rows = 0, etm_mps_int4_tile_bytes = 0;
+
+// many rows: what int4_kernel.linear_4bit does, tile by tile: dequantize `rows` weight
+// rows, multiply A by their transpose with libtorch's mm (etm_fb_mm_out, as torch.mm) and
+// copy the tile into its columns of out. false with nothing left behind on any failure
+static bool etm_mps_int4_tiles(void* a, const etm_rec* ra, const etm_rec* rb, const etm_rec* rs,
+                               const etm_rec* rz, int64_t group_size, int64_t ld_sz,
+                               etm_rec* out) {
+  int64_t m = ra->sizes[0], k = ra->sizes[1], n = rb->sizes[0];
+  int64_t per_row = 4 * k > 1 ? 4 * k : 1, rows = etm_mps_int4_tile_bytes / per_row;
+  rows = rows > n ? n : rows;  // as Python: max(1, min(n, TILE_BYTES // (4 K)))
+  rows = rows < 1 ? 1 : rows;
+  int64_t wsizes[2] = {rows, k}, wstrides[2] = {k, 1};
+  void* w = nullptr;
+  if (!etm_native_empty(2, wsizes, wstrides, 6, ETM_DEVICE_MPS, 0, &w)) return false;
+  bool ok = true;
+  float* dst = (float*)(intptr_t)out->data_ptr;
+  for (int64_t row0 = 0; row0 < n && ok; row0 += rows) {
+    int64_t count = n - row0 < rows ? n - row0 : rows;
+    int64_t tsizes[2] = {k, count}, tstrides[2] = {1, k}, osizes[2] = {m, count};
+    void *wt = nullptr, *tile = nullptr;
+    ok = etm_int4_dequantize_rows((const uint8_t*)(intptr_t)rb->data_ptr,
+                                  (const float*)(intptr_t)rs->data_ptr,
+                                  (const float*)(intptr_t)rz->data_ptr, row0, count, k,
+                                  group_size, ld_sz, (float*)(intptr_t)etm_rec_of(w)->data_ptr) == 0 &&
+         etm_native_view(w, 2, tsizes, tstrides, 0, &wt) &&
+         etm_native_empty(2, osizes, nullptr, 6, ETM_DEVICE_MPS, 0, &tile) &&
+         etm_fb_mm_out(tile, a, wt);
+    if (ok) {
+      const float* src = (const float*)(intptr_t)etm_rec_of(tile)->data_ptr;
+      for (int64_t i = 0; i < m; i++)
+        std::memcpy(dst + i * n + row0, src + i * count, (size_t)count * sizeof(float));
+    }
+    if (wt) etm_native_delete((etm_rec*)wt);
+    if (tile) etm_native_delete((etm_rec*)tile);
+  }
+  etm_native_delete((etm_rec*)w);
+  return ok;
+}
+
+// a record of dtype code and dim, dense row-major (its rows may be longer than used)
+static const etm_rec* etm_mps_rows(void* h, int32_t dtype, int64_t* row_stride) {
+  const etm_rec* r = etm_host_rec(h);
+  if (!r || r->dtype != dtype || r->dim != 2 || r->strides[1] != 1 ||
+      r->strides[0] < r->sizes[1])
+    return nullptr;
+  *row_stride = r->strides[0];
+  return r;
+}
+
+// aoti_torch_mps__linear_fp_act_4bit_weight for float32 A of a few rows: the same kernel
+// the Python shim calls (int4_kernel.linear_4bit) on the records' memory, into a new mps
+// tensor. Only calls torchao's kernel accepts (lowbit.check_linear_args) are served;
+// everything else is Python's, which computes it or names what is wrong
+int etm_mps_int4_linear(void* a, void* b, int64_t group_size, void* s, void* z, void* ret) {
+  etm_mps_scope scope;
+  const int32_t f32 = 6, u8 = 0;  // c10 dtype codes
+  int64_t lda = 0, ldb = 0, lds = 0, ldz = 0;
+  if (!scope.on() || !ret) return 0;
+  const etm_rec *ra = etm_mps_rows(a, f32, &lda), *rb = etm_mps_rows(b, u8, &ldb);
+  const etm_rec *rs = etm_mps_rows(s, f32, &lds), *rz = etm_mps_rows(z, f32, &ldz);
+  if (!ra || !rb || !rs || !rz || lda != ra->sizes[1] || ldb != rb->sizes[1]) return 0;
+  int64_t m = ra->sizes[0], k = ra->sizes[1], n = rb->sizes[0];
+  if (!etm_mps_int4_dot_rows || k % 8 || rb->sizes[1] != k / 2) return 0;
+  if (group_size != 32 && group_size != 64 && group_size != 128 && group_size != 256) return 0;
+  if (n % 4 && m != 1) return 0;
+  int64_t groups = (k + group_size - 1) / group_size;
+  if (rs->sizes[0] != n || rz->sizes[0] != n || rs->sizes[1] < groups || rz->sizes[1] < groups ||
+      lds != ldz)
+    return 0;
+  int64_t sizes[2] = {m, n};
+  void* h = nullptr;
+  if (!etm_native_empty(2, sizes, nullptr, f32, ETM_DEVICE_MPS, 0, &h)) return 0;
+  etm_rec* out = (etm_rec*)h;
+  bool ok = m > etm_mps_int4_dot_rows
+                ? etm_mps_int4_tiles(a, ra, rb, rs, rz, group_size, lds, out)
+                : etm_int4_linear_f32((const float*)(intptr_t)ra->data_ptr,
+                                      (const uint8_t*)(intptr_t)rb->data_ptr,
+                                      (const float*)(intptr_t)rs->data_ptr,
+                                      (const float*)(intptr_t)rz->data_ptr, m, k, n, group_size,
+                                      lds, (float*)(intptr_t)out->data_ptr) == 0;
+  if (!ok) {
+    etm_native_delete(out);
+    return 0;
+  }
+  *(void**)ret = out;
+  return 1;
+}
