@@ -55,6 +55,21 @@ def test_direct_results_equal_the_general_path_and_stay_independent(linear):
         general.destroy()
 
 
+def test_a_method_nobody_holds_runs_through_its_direct_call(linear):
+    """``load_method(...).execute(...)`` on a temporary method: the call itself keeps the
+    method alive (the prepared call holds it only weakly)."""
+    program = load(linear.pte, trust_native_code=True)
+    for seed in range(3):
+        inputs = _fresh_inputs(linear.inputs, seed)
+        [got] = program.load_method("forward").execute(inputs)
+        torch.testing.assert_close(got, linear.module(*inputs))
+    method = program.load_method("forward")
+    assert method._direct is not None and method._fast_execute is not None
+    gone = weakref.ref(method)
+    del method
+    assert gone() is None  # still freed at once, without the collector
+
+
 def test_bad_inputs_get_the_general_errors(linear):
     method = load(linear.pte, trust_native_code=True).load_method("forward")
     try:
@@ -93,7 +108,7 @@ def _general_method(pte):
     """The same method on the general path (no direct call, no prepared call), for reference."""
     method = load(pte, trust_native_code=True).load_method("forward")
     method._direct = None
-    assert type(method.execute).__name__ == "method"
+    assert method._fast_execute is None
     return method
 
 
@@ -101,9 +116,9 @@ def test_prepared_call_serves_executes_with_the_general_bits(linear):
     fast = load(linear.pte, trust_native_code=True).load_method("forward")
     general = _general_method(linear.pte)
     try:
-        assert type(fast.execute).__name__ == "FastRun"
+        assert type(fast._fast_execute).__name__ == "FastRun"
         fast.execute(_fresh_inputs(linear.inputs, 0))  # the first run teaches the outputs
-        served = fast.execute.stats()["fast"]
+        served = fast._fast_execute.stats()["fast"]
         kept = []
         for seed in range(6):
             inputs = _fresh_inputs(linear.inputs, seed)
@@ -111,7 +126,7 @@ def test_prepared_call_serves_executes_with_the_general_bits(linear):
             for g, r in zip(got, ref):
                 assert torch.equal(g, r) and g.stride() == r.stride() and g.dtype == r.dtype
             kept.append((got, linear.module(*inputs)))
-        assert fast.execute.stats()["fast"] - served == 6
+        assert fast._fast_execute.stats()["fast"] - served == 6
         for got, want in kept:  # results stay the caller's
             torch.testing.assert_close(got[0], want)
     finally:
@@ -125,7 +140,7 @@ def test_prepared_call_declines_to_the_general_errors_and_copies(linear):
     try:
         (x,) = linear.inputs
         method.execute([x])
-        declined = method.execute.stats()["fallback"]
+        declined = method._fast_execute.stats()["fallback"]
         # another layout of the planned shape: copied into the plan, the same result
         other = x.t().contiguous().t() if x.dim() == 2 else x[..., None].squeeze(-1)
         got = method.execute([other])
@@ -137,7 +152,7 @@ def test_prepared_call_declines_to_the_general_errors_and_copies(linear):
             with pytest.raises(InputError) as have:
                 method.execute(bad)
             assert str(have.value) == str(want.value)
-        assert method.execute.stats()["fallback"] - declined == 6
+        assert method._fast_execute.stats()["fallback"] - declined == 6
     finally:
         method.destroy()
         general.destroy()

@@ -50,8 +50,8 @@ def model(art):
 
 
 def _python_path(model, *args):
-    """The Python path the fast run stands in front of (the class's own method)."""
-    return AotiModel.run(model, *args)
+    """The Python path the fast run stands in front of (its fallback)."""
+    return AotiModel._run_general(model, *args)
 
 
 def _error(fn, *args) -> str:
@@ -62,7 +62,7 @@ def _error(fn, *args) -> str:
 
 def test_runs_in_c_with_the_python_paths_bits_and_independent_results(art, model):
     module = art[0]
-    fast = model.run
+    fast = model._fast_call
     assert type(fast).__name__ == "FastRun"
     model.run([_x(0)])  # the first run teaches the outputs (Python path)
     before = fast.stats()
@@ -84,7 +84,7 @@ def test_runs_in_c_with_the_python_paths_bits_and_independent_results(art, model
 def test_unusual_calls_take_the_python_path_with_its_results_and_errors(art, model):
     x = _x(1)
     model.run([x])
-    stats = model.run.stats
+    stats = model._fast_call.stats
     declined = stats()["fallback"]
     # caller's outputs, a parameter (a tensor subclass): served by the Python path
     outs = [torch.empty(4, 16), torch.empty(4, 8)]
@@ -107,20 +107,21 @@ def test_unusual_calls_take_the_python_path_with_its_results_and_errors(art, mod
 def test_a_failed_run_reports_like_the_python_path(art, model):
     model.run([_x(0)])
     wrong = _x(3, (5, 16))  # the .so's compiled-in input check refuses the shape
-    fast = model.run.stats()["fast"]
+    fast = model._fast_call.stats()["fast"]
     message = _error(model.run, [wrong])
     assert "AotiModelError" in message and "run failed" in message
     assert message == _error(_python_path, model, [wrong])
-    assert model.run.stats()["fast"] == fast  # a failed run is not counted as served
+    assert model._fast_call.stats()["fast"] == fast  # a failed run is not counted as served
     assert torch.equal(model.run([_x(0)])[0], _python_path(model, [_x(0)])[0])
 
 
-def test_closing_restores_the_method_and_a_kept_fast_run_declines(art):
+def test_closing_drops_the_fast_run_and_a_kept_one_declines(art):
     m = AotiModel(art[1].so_path, art[1].weights_path.read_bytes())
     m.run([_x(0)])
-    kept = m.run
+    kept = m._fast_call
+    assert type(kept).__name__ == "FastRun"
     m.close()
-    assert type(m.run).__name__ == "method"
+    assert m._fast_call is None
     with pytest.raises(AotiModelError, match="closed"):
         m.run([_x(0)])
     with pytest.raises(AotiModelError, match="closed"):
@@ -169,11 +170,16 @@ def test_ten_thousand_fast_runs_leave_storages_refcounts_and_rss_flat(model):
     x = _x(0)
     for _ in range(3000):
         model.run([x])
-    s0, r0, refs0, fast0 = memory_stats(), _rss(), sys.getrefcount(x), model.run.stats()["fast"]
+    s0, r0, refs0, fast0 = (
+        memory_stats(),
+        _rss(),
+        sys.getrefcount(x),
+        model._fast_call.stats()["fast"],
+    )
     for _ in range(10_000):
         out = model.run([x])
     s1, r1 = memory_stats(), _rss()
-    assert model.run.stats()["fast"] - fast0 == 10_000
+    assert model._fast_call.stats()["fast"] - fast0 == 10_000
     assert (s1.tensors, s1.storages, s1.bytes) == (s0.tensors, s0.storages, s0.bytes)
     refs1 = sys.getrefcount(x)
     held = sys.getrefcount(out[0])  # (outside the assert: pytest's rewrite holds values)

@@ -187,16 +187,16 @@ class Method:
 
     @_direct.setter
     def _direct(self, direct: DirectDelegateCall | None) -> None:
-        """Set the direct call, and put its executor's prepared call (if it has one) in
-        front of ``execute`` as an instance attribute; None: the general path, alone."""
+        """Set the direct call, and let its executor's prepared call (if it has one) serve
+        ``execute``; None: the general path, alone. The prepared call holds this method
+        weakly (no cycle, so a dropped method is freed at once); ``execute`` stays a method
+        of the class, so ``load_method(...).execute(...)`` keeps the method alive."""
         self._direct_call = direct
-        self.__dict__.pop("execute", None)
+        self._fast_execute = None
         if direct is not None:
-            fast = direct.prepare_fast(
+            self._fast_execute = direct.prepare_fast(
                 self, self._lock, functools.partial(_execute_by_ref, weakref.ref(self))
             )
-            if fast is not None:
-                self.execute = fast
 
     @property
     def name(self) -> str:
@@ -232,6 +232,12 @@ class Method:
     def execute(self, inputs: Sequence = ()) -> list:
         """Run once. Calls from several threads are serialized (each gets its own outputs);
         a re-entrant call from inside this method's own execute is refused."""
+        fast = self._fast_execute
+        if fast is not None:
+            return fast(inputs)
+        return self._execute_serialized(inputs)
+
+    def _execute_serialized(self, inputs: Sequence = ()) -> list:
         me = threading.get_ident()
         if self._owner == me:
             raise ExecutionError(
@@ -305,4 +311,4 @@ def _execute_by_ref(ref: weakref.ref, *args, **kwargs) -> list:
     method = ref()
     if method is None:
         raise ExecutionError("the method was garbage collected")
-    return Method.execute(method, *args, **kwargs)
+    return Method._execute_serialized(method, *args, **kwargs)

@@ -29,6 +29,12 @@ import torch
 
 from etmetal.common.targets import METAL_DEVICE
 
+
+class ExternNodeError(ValueError):
+    """The extern-node table is malformed or names an operator this process lacks (both
+    executors raise it: the Python one in ``proxy_executor``, the native one in ``proxy_native``)."""
+
+
 # Namespaces torch itself defines operators in (C++ or its own Python modules): never
 # "custom ops of the loading process", whatever torch.library recorded for them.
 TORCH_NAMESPACES = frozenset(

@@ -168,8 +168,10 @@ def build(
 
 
 def install(model: Any, runner: Any, method: Callable[..., Any]) -> None:
-    """Put a ``FastRun`` of ``runner``'s steady run in front of ``model.run`` (``method``,
-    the class's own, is the fallback); nothing when the model has no steady run."""
+    """Let a ``FastRun`` of ``runner``'s steady run serve ``model.run`` (``method``, the
+    general run, is the fallback); nothing when the model has no steady run. It is kept as
+    ``model._fast_call`` and called from the class's ``run``, so a call on a temporary
+    model (``AotiModel(...).run(x)``) keeps the model alive while the run holds it weakly."""
     if runner.steady is None:
         return
     fast = build(
@@ -179,7 +181,7 @@ def install(model: Any, runner: Any, method: Callable[..., Any]) -> None:
         finish=runner.finish_fast,
     )
     if fast is not None:
-        model.run = fast
+        model._fast_call = fast
 
 
 def _call_by_ref(ref: weakref.ref, method: Callable[..., Any], *args, **kwargs) -> Any:

@@ -145,6 +145,7 @@ class AotiModel:
         self.context = ctx = context or default_context()
         self._container = None
         self._runner: ModelRunner | None = None  # made with the container (``model_run``)
+        self._fast_call = None  # a FastRun serving run() once the steady run is armed
         self._lib = None
         self._proxy: int | None = None
         self._native_proxy: NativeProxyExecutor | None = None
@@ -387,7 +388,7 @@ class AotiModel:
             # the emulated Metal device's launch failures are read after each run
             # (ModelRunner.run_into), which the fast run does not do
             return
-        fast_run.install(self, self._runner, AotiModel.run)
+        fast_run.install(self, self._runner, AotiModel._run_general)
 
     def fast_run(self, **kwargs) -> object | None:
         """A ``FastRun`` of this model for another caller (a ``.pte`` method's direct
@@ -413,7 +414,7 @@ class AotiModel:
     def close(self) -> None:
         """Delete the container (its constants go with it) and forget the weights."""
         runner, self._runner = self._runner, None
-        self.__dict__.pop("run", None)  # the FastRun in front of run()
+        self._fast_call = None  # the FastRun that served run()
         if runner is not None and runner.steady is not None:
             runner.steady.armed.value = 0  # every FastRun over it declines from now on
         if self._container is not None:
@@ -448,6 +449,15 @@ class AotiModel:
         self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor] | None = None
     ) -> list[torch.Tensor]:
         """Run once (``ModelRunner.run``): inputs borrowed, new outputs or ``outputs`` filled."""
+        fast = self._fast_call
+        if fast is not None:  # it hands what it does not serve to _run_general
+            return fast(inputs) if outputs is None else fast(inputs, outputs)
+        return self._active_runner().run(inputs, outputs)
+
+    def _run_general(
+        self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """``run`` without the one-call path (its fallback)."""
         return self._active_runner().run(inputs, outputs)
 
     def run_into(

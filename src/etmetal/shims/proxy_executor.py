@@ -35,6 +35,7 @@ from etmetal.shims.abi_codes import DTYPE_TO_TORCH
 from etmetal.shims.tensor_shims import adopt_result
 
 from . import extern_ops
+from .extern_ops import ExternNodeError
 from .registry import ShimTable, read_i64s
 from .storage import ShimError
 
@@ -51,10 +52,6 @@ DTYPES_METADATA_KEY = EXTERN_NODE_DTYPES_KEY
 # serialized kinds whose values the .so passes at run time
 _TENSOR_KINDS = ("as_tensor", "as_tensors", "as_optional_tensors")
 _INT_KINDS = ("as_int", "as_sym_int", "as_ints", "as_sym_ints")
-
-
-class ExternNodeError(ValueError):
-    """The extern-node table is malformed or names an operator this process lacks."""
 
 
 @dataclass(frozen=True)

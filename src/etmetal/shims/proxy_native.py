@@ -160,8 +160,6 @@ class NativeProxyExecutor:
     """One table parsed by the native executor; ``address`` is what the bridge binds."""
 
     def __init__(self, text: str | bytes) -> None:
-        from .proxy_executor import ExternNodeError
-
         self._lib = lib = library()
         data = text.encode() if isinstance(text, str) else bytes(text)
         allowed, custom = process_names()
@@ -170,7 +168,7 @@ class NativeProxyExecutor:
         buf = ctypes.create_string_buffer(ERROR_BYTES)
         self.address = lib.etm_proxy_parse(data, len(data), a, na, c, nc, buf, ERROR_BYTES)
         if not self.address:
-            raise ExternNodeError(buf.value.decode(errors="replace"))
+            raise extern_ops.ExternNodeError(buf.value.decode(errors="replace"))
         self.nodes = lib.etm_proxy_node_count(self.address)
 
     def close(self) -> None:
