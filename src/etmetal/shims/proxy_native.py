@@ -160,6 +160,7 @@ class NativeProxyExecutor:
     """One table parsed by the native executor; ``address`` is what the bridge binds."""
 
     def __init__(self, text: str | bytes) -> None:
+        self.address = None  # set before anything can fail: close() reads it
         self._lib = lib = library()
         data = text.encode() if isinstance(text, str) else bytes(text)
         allowed, custom = process_names()
