@@ -18,8 +18,9 @@ from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims import native_fallbacks as nf
 from etmetal.shims.abi import declarations
 
-# a sample of the registry (its fallbacks: mm, addmm, convolution, attention, topk)
-REGISTRY_SAMPLE = ("mm", "addmm", "linear_bias", "conv1d_bias", "sdpa", "sdpa_strided", "topk")
+# the whole registry (its fallbacks: mm, addmm, convolution, attention, topk, and the
+# custom operators: the int4 linears, metal::gather_qmv, metal::gated_delta_rule)
+REGISTRY_SAMPLE = tuple(metal_registry.REGISTRY)
 
 
 @pytest.fixture
@@ -211,3 +212,115 @@ def test_a_copy_of_a_model_in_another_context_counts_apart(tmp_path, no_leaks):
         model.run(list(inputs))
         counts = model.stats()
     assert counts["aoti_torch_cpu_mm_out"] == {"native": 1, "python": 0}
+
+
+# ---- the custom operators' shims (native_custom_ops.cpp) against the Python references ----
+
+
+def _custom_op_cases(gen: torch.Generator) -> list[tuple[str, list[torch.Tensor], int | None]]:
+    """(operator, tensor arguments, int argument) cases the registry does not cover: grouped
+    keys, a key width that is no multiple of the sum's lanes, strided operands, repeated
+    experts, int64 indices and a recurrence large enough for ATen to reduce in parallel."""
+    from executorch.backends.apple.metal.ops.gather_qmv import _quantize_int4_affine
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    def recurrence(b, t, hk, dk, hv, dv, strided=False):
+        q = rnd(b, hk, t, dk).transpose(1, 2) if strided else rnd(b, t, hk, dk)
+        g = torch.rand(b, t, hv, generator=gen)
+        return [q, rnd(b, t, hk, dk), rnd(b, t, hv, dv), g, torch.rand(b, t, hv, generator=gen),
+                rnd(b, hv, dv, dk)]
+
+    w, s, z = _quantize_int4_affine(rnd(3, 24, 64), 16)
+    w32, s32, z32 = _quantize_int4_affine(rnd(3, 24, 64), 32)
+    x = rnd(64, 5).t()  # a strided [5, 64]
+    return [
+        ("gated_delta_rule", recurrence(2, 3, 2, 40, 4, 24), None),
+        ("gated_delta_rule", recurrence(1, 2, 4, 128, 8, 64, strided=True), None),
+        ("gather_qmv", [x, w, s, z, torch.tensor([2, 0, 2, 2, 1])], 16),
+        ("gather_qmv", [x.contiguous(), w32, s32, z32, torch.tensor([1, 1, 0, 2, 0]).int()], 32),
+    ]
+
+
+def _call_custom_op(ctx, name: str, args: list[torch.Tensor], group, device: int):
+    """Run shim ``name`` on copies of ``args`` (registered as Python tensors of ``device``):
+    its return code, its result and the arguments after the call, and its (C, Python)
+    counts."""
+    import ctypes
+
+    from etmetal.shims.storage import Storage, tensor_from_torch
+
+    bridge = ctx.load_bridge()
+    fn = bridge.c_function(name)
+    # fresh copies with the same strides: the state written back is each run's own
+    copies = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype).copy_(a) for a in args]
+
+    def handle(t):
+        u = t.untyped_storage()
+        storage = Storage(u.data_ptr(), u.nbytes(), owned=False, device_type=device)
+        return ctx.register(tensor_from_torch(t, storage))
+
+    handles = [handle(c) for c in copies]
+    ret = ctypes.c_void_p()
+    before = bridge.shim_counts().get(name, (0, 0))
+    call = [*handles[:5], group, *handles[5:]] if group is not None else handles
+    try:
+        rc = fn(*call, ctypes.addressof(ret))
+        after = bridge.shim_counts()[name]
+        out = ctx.lookup(ret.value).torch().clone() if rc == 0 else None
+    finally:
+        if ret.value:
+            ctx.unregister(ret.value)
+        for h in handles:
+            ctx.unregister(h)
+    return rc, out, copies, (after[0] - before[0], after[1] - before[1])
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps"])
+def test_custom_op_shims_in_c_are_bit_identical_to_the_python_references(device, no_leaks):
+    """Each custom operator's shim, called as a .so calls it: natively served in C, with the
+    Python shim's bits (the result and the state it writes back), on both devices."""
+    from etmetal.shims.abi_codes import DEVICE_MPS
+
+    ctx = default_context()
+    code = DEVICE_MPS if device == "mps" else 0
+    for op, args, group in _custom_op_cases(torch.Generator().manual_seed(0)):
+        name = f"aoti_torch_{device}_{op}"
+        runs = {}
+        for shims in ("native", "python"):
+            previous = ctx.set_implementation(shims)
+            try:
+                runs[shims] = _call_custom_op(ctx, name, args, group, code)
+            finally:
+                ctx.set_implementation(previous)
+        (rc_n, out_n, args_n, counts_n), (rc_p, out_p, args_p, counts_p) = (
+            runs["native"],
+            runs["python"],
+        )
+        assert (rc_n, rc_p) == (0, 0), ctx.last_error()
+        assert (counts_n, counts_p) == ((1, 0), (0, 1)), (name, counts_n, counts_p)
+        assert out_n.dtype == out_p.dtype and torch.equal(out_n, out_p), name
+        for a, b in zip(args_n, args_p):  # gated_delta_rule's new state, bit for bit
+            assert torch.equal(a, b), name
+        with torch.no_grad():  # and the reference really is ExecuTorch's
+            want = getattr(torch.ops.metal, op)(*[a.clone() for a in args[:5]], group) if (
+                group is not None
+            ) else getattr(torch.ops.metal, op)(*[a.clone() for a in args])
+        assert torch.equal(out_p, want), name
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps"])
+def test_a_bad_expert_index_leaves_c_for_the_python_shim_which_names_it(device, no_leaks):
+    from etmetal.shims.abi_codes import DEVICE_MPS
+
+    ctx = default_context()
+    gen = torch.Generator().manual_seed(1)
+    from executorch.backends.apple.metal.ops.gather_qmv import _quantize_int4_affine
+
+    w, s, z = _quantize_int4_affine(torch.randn(2, 8, 32, generator=gen), 32)
+    args = [torch.randn(3, 32, generator=gen), w, s, z, torch.tensor([0, 2, 1])]
+    code = DEVICE_MPS if device == "mps" else 0
+    rc, out, _, counts = _call_custom_op(ctx, f"aoti_torch_{device}_gather_qmv", args, 32, code)
+    assert rc == 1 and out is None and counts == (0, 1)
+    assert "expert index out of range [0, 2): 0..2" in ctx.last_error()

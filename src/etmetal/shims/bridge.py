@@ -34,7 +34,15 @@ from etmetal.shims.abi_codes import constant_shims
 from etmetal.shims.model_link import WARNINGS, NativeBuildError, build_files, cache_root
 from etmetal.shims.record_table import Records
 
-from . import abi, fallback_codegen, native_fallbacks, native_tensors, proxy_native
+from . import (
+    abi,
+    fallback_codegen,
+    int4_kernel,
+    native_custom_ops,
+    native_fallbacks,
+    native_tensors,
+    proxy_native,
+)
 from .device import BridgeSource
 
 
@@ -118,6 +126,7 @@ def _native_path(decl: abi.Decl, device_paths: Mapping[str, str]) -> str:
         device_paths.get(decl.name)
         or native_tensors.NATIVE_PATHS.get(decl.name)
         or native_fallbacks.NATIVE_PATHS.get(decl.name)
+        or native_custom_ops.NATIVE_PATHS.get(decl.name)
         or proxy_native.NATIVE_PATHS.get(decl.name)
     )
     if served is not None:
@@ -260,6 +269,8 @@ def build(source: str) -> Path:
             native_tensors.HEADER.name: native_tensors.HEADER.read_bytes(),
             native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
             native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
+            native_custom_ops.SOURCE.name: native_custom_ops.SOURCE.read_bytes(),
+            int4_kernel.SOURCE.name: int4_kernel.SOURCE.read_bytes(),
             **fallback_codegen.files(),
             **proxy_native.host_files(),
         }
@@ -267,6 +278,7 @@ def build(source: str) -> Path:
             "libetmetal_bridge.cpp",
             native_tensors.SOURCE.name,
             native_fallbacks.SOURCE.name,
+            native_custom_ops.SOURCE.name,
             proxy_native.HOST_SOURCE.name,
         ]
         return build_files(
@@ -358,6 +370,7 @@ class Bridge:
         self._shim_python = (ctypes.c_uint64 * max(rows, 1)).in_dll(self.lib, "etm_shim_python")
         try:  # libtorch's own C shims for the fallbacks served in C
             self.libtorch_functions = native_fallbacks.bind(self.lib)
+            native_custom_ops.configure(self.lib)
         except native_fallbacks.NativeFallbackError as exc:
             raise BridgeError(f"the shim trampoline: {exc}") from exc
         ctx.attach_native(

@@ -14,7 +14,8 @@ extern int64_t etm_native_mps_limit;  // native_tensors.cpp
 static thread_local int32_t etm_fb_device = 0;
 
 int32_t etm_fb_enter(int32_t device) {
-  if (!etm_native_fallbacks || device != ETM_DEVICE_MPS || etm_native_mps_limit <= 0) return -1;
+  if (!etm_native_fallbacks) return -1;
+  if (device != 0 && (device != ETM_DEVICE_MPS || etm_native_mps_limit <= 0)) return -1;
   int32_t previous = etm_fb_device;
   etm_fb_device = device;
   return previous;
@@ -205,6 +206,11 @@ bool etm_adopt_all(void** rets, int n, void** outs) {
     return false;
   }
   return true;
+}
+
+void* etm_lt_data(void* t) {
+  void* data = nullptr;
+  return t && etm_lt_data_ptr && etm_lt_data_ptr(t, &data) == 0 ? data : nullptr;
 }
 
 bool etm_can_adopt() {

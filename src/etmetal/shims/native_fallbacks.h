@@ -42,10 +42,22 @@ int etm_fb_topk(void* self, int64_t k, int64_t dim, int32_t largest, int32_t sor
 
 // the fallbacks of a device whose memory is host memory (the emulated Metal device, 13)
 // reuse these paths: etm_fb_enter(device) makes the records of the call report device and
-// the results it adopts report it too; -1 when that device is not served natively now
-// (else the previous device, for etm_fb_leave)
+// the results it adopts report it too; -1 when that device (0 or 13) is not served
+// natively now (else the previous device, for etm_fb_leave)
 int32_t etm_fb_enter(int32_t device);
 void etm_fb_leave(int32_t previous);
+// the data of libtorch's tensor t (a result the caller still owns), or NULL
+void* etm_lt_data(void* t);
+
+// the custom operators on device (0 host, 13 the emulated Metal device), in
+// native_custom_ops.cpp (linked into etmetal's bridge, not into every build of this header):
+// 1 served, 0 for the Python shim to serve or report
+int etm_cop_int4_linear(int32_t device, void* a, void* b, int64_t group_size, void* s, void* z,
+                        void* ret);
+int etm_cop_gather_qmv(int32_t device, void* x, void* w, void* s, void* z, void* idx,
+                       int64_t group_size, void* ret);
+int etm_cop_gated_delta_rule(int32_t device, void* q, void* k, void* v, void* g, void* beta,
+                             void* state, void* ret);
 // the building blocks a device's own fallbacks use (on the device etm_fb_enter set)
 const etm_rec* etm_host_rec(void* h);
 bool etm_lend(const etm_rec* const* recs, int n, void** out);
@@ -59,6 +71,19 @@ ETM_EXPORT extern const int64_t etm_lt_gen_count;
 
 #ifdef __cplusplus
 }  // extern "C"
+
+// the device scope of one fallback call on device (0 host, 13 the emulated Metal device):
+// on() is false while that device is not served natively
+struct etm_fb_scope {
+  int32_t previous;
+  explicit etm_fb_scope(int32_t device) : previous(etm_fb_enter(device)) {}
+  ~etm_fb_scope() {
+    if (previous >= 0) etm_fb_leave(previous);
+  }
+  etm_fb_scope(const etm_fb_scope&) = delete;
+  etm_fb_scope& operator=(const etm_fb_scope&) = delete;
+  bool on() const { return previous >= 0; }
+};
 #endif
 
 // etm_gen_<shim>: the fallbacks and utilities generated from torch's headers

@@ -91,10 +91,14 @@ NATIVE_PATHS = {
     # every other host fallback and the tensor utilities: generated from torch's headers
     **fallback_codegen.native_paths(),
 }
-# the libtorch tables of the bridge: the hand-written one, the generated one and (in a
-# bridge with the emulated Metal device, emulated_mps/mps_fallbacks.cpp) the device's
+# the libtorch tables of the bridge: the hand-written one, the generated one and, where
+# the build has them, the emulated Metal device's (emulated_mps/mps_fallbacks.cpp) and
+# the custom operators' (native_custom_ops.cpp)
 _TABLES = (("etm_lt_table", "etm_lt_count"), ("etm_lt_gen_table", "etm_lt_gen_count"))
-_OPTIONAL_TABLES = (("etm_lt_mps_table", "etm_lt_mps_count"),)
+_OPTIONAL_TABLES = (
+    ("etm_lt_mps_table", "etm_lt_mps_count"),
+    ("etm_lt_cop_table", "etm_lt_cop_count"),  # native_custom_ops.cpp (not in every build)
+)
 
 
 class _Entry(ctypes.Structure):

@@ -24,14 +24,7 @@ from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 
 TARGET = "mps_emulated"
-# the registry modules whose custom operators (upstream's metal::gather_qmv and
-# metal::gated_delta_rule, computed by ExecuTorch's Python references) are still served by
-# their Python shims on the emulated device; torchao's int4 linear is C's
-PYTHON_CUSTOM_OPS = {
-    "gather_qmv": "aoti_torch_mps_gather_qmv",
-    "gated_delta_rule": "aoti_torch_mps_gated_delta_rule",
-}
-IN_C = [n for n in metal_registry.REGISTRY if n not in PYTHON_CUSTOM_OPS]
+IN_C = list(metal_registry.REGISTRY)
 MPS_FALLBACKS = {n for n in all_fallback_shims() if n.startswith("aoti_torch_mps_")}
 
 _ARTS: dict[str, object] = {}
@@ -122,17 +115,6 @@ def test_registry_module_steady_state_makes_no_python_call(name, no_leaks):
     want = want if isinstance(want, (tuple, list)) else (want,)
     for got, ref in zip(out, want):
         torch.testing.assert_close(got, ref, atol=entry.atol, rtol=entry.rtol)
-
-
-@pytest.mark.parametrize("name", sorted(PYTHON_CUSTOM_OPS))
-def test_custom_op_modules_reach_python_only_for_their_operator(name, no_leaks):
-    """What is left: the custom operator's shim; every other steady call is C's."""
-    module, inputs = metal_registry.get_model_and_inputs(name)
-    art = _compiled(f"registry:{name}", module, inputs)
-    (_, _, native), _ = _both(art, inputs)
-    in_python = {n for n, (_, p) in native.items() if p}
-    assert in_python <= {PYTHON_CUSTOM_OPS[name], "aoti_torch_delete_tensor_object"}, native
-    assert PYTHON_CUSTOM_OPS[name] in in_python
 
 
 def test_a_convolution_on_channels_last_operands_follows_torchs_mps_layout_rule(no_leaks):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from etmetal.common.fallback_table import all_fallback_shims
-from etmetal.shims import abi, int4_kernel, native_fallbacks
+from etmetal.shims import abi, native_fallbacks
 from etmetal.shims.fallback_shims import mps_conv_memory_format
 
 HERE = Path(__file__).parent
@@ -22,8 +22,6 @@ SOURCES = (
     HERE / "bridge_source.cpp",
     HERE / "mps_encoder.cpp",
     HERE / "mps_buffers.cpp",
-    # the int4 linear's kernel (the Python shim's, int4_kernel), for mps_fallbacks.cpp
-    HERE.parent / "int4_linear.c",
     HERE / "mps_fallbacks.cpp",
 )
 
@@ -85,13 +83,14 @@ NATIVE_PATHS = {
 
 def _on_mps(host_path: str) -> str:
     """A host fallback's native path run on the records of the emulated Metal device."""
-    return f"  {{ etm_mps_scope etm_scope_;\n    if (etm_scope_.on()) {{\n{host_path}    }} }}\n"
+    return f"  {{ etm_fb_scope etm_scope_(ETM_DEVICE_MPS);\n    if (etm_scope_.on()) {{\n{host_path}    }} }}\n"
 
 
 def _fallback_paths() -> dict[str, str]:
     """``aoti_torch_mps_<op>`` -> its native path: the host path of ``aoti_torch_cpu_<op>``
     on mps records where the two take the same arguments; the math attention and the
-    convolution (its layout) have their own (``mps_fallbacks.cpp``)."""
+    convolution (its layout) have their own (``mps_fallbacks.cpp``); the custom operators
+    are ``native_custom_ops``' (both devices)."""
     decls = abi.declarations()
     paths = {}
     for name in all_fallback_shims():
@@ -108,9 +107,6 @@ def _fallback_paths() -> dict[str, str]:
     paths[sdpa + "_v2"] = native_fallbacks.served(
         "etm_mps_sdpa_math(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)"
     )
-    paths["aoti_torch_mps__linear_fp_act_4bit_weight"] = native_fallbacks.served(
-        "etm_mps_int4_linear(a0, a1, a2, a3, a4, a5)"
-    )
     paths["aoti_torch_mps_convolution"] = native_fallbacks.served(
         "etm_mps_convolution(a0, a1, a2, (const int64_t*)a3, a4, (const int64_t*)a5, a6, "
         "(const int64_t*)a7, a8, a9, (const int64_t*)a10, a11, a12, a13)"
@@ -123,11 +119,8 @@ NATIVE_PATHS.update(_fallback_paths())
 
 def attach(ctx) -> None:
     """Tell the loaded bridge of ``ctx`` the layout torch's mps convolution rule gives each
-    pair of input and weight layouts (``etm_mps_conv_rule``) and up to how many rows the
-    int4 linear runs the dot-product kernel (mps_fallbacks.cpp)."""
+    pair of input and weight layouts (``etm_mps_conv_rule``, mps_fallbacks.cpp)."""
     lib = ctx.native.lib
-    ctypes.c_int64.in_dll(lib, "etm_mps_int4_dot_rows").value = int4_kernel.DOT_ROWS
-    ctypes.c_int64.in_dll(lib, "etm_mps_int4_tile_bytes").value = int4_kernel.TILE_BYTES
     table = (ctypes.c_int64 * 4).in_dll(lib, "etm_mps_conv_rule")
     layouts = (torch.contiguous_format, torch.channels_last)
     for xl, x_format in enumerate(layouts):

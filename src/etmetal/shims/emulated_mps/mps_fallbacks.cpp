@@ -6,20 +6,9 @@
 // the length of the call, runs the host path (libtorch's own aoti_torch_cpu_* over the
 // records' memory) and the results it adopts report device 13 too. What the host has no
 // path for is here: the math attention of macOS torch (through libtorch's dispatcher) and
-// the layout check of the mps convolution. Anything not served goes on to Python's shim,
-// which serves it or names what is wrong.
-
-// the device scope of one call: on() is false while mps is not served natively
-struct etm_mps_scope {
-  int32_t previous;
-  etm_mps_scope() : previous(etm_fb_enter(ETM_DEVICE_MPS)) {}
-  ~etm_mps_scope() {
-    if (previous >= 0) etm_fb_leave(previous);
-  }
-  etm_mps_scope(const etm_mps_scope&) = delete;
-  etm_mps_scope& operator=(const etm_mps_scope&) = delete;
-  bool on() const { return previous >= 0; }
-};
+// the layout check of the mps convolution (the custom operators are native_custom_ops.cpp's,
+// for both devices). Anything not served goes on to Python's shim, which serves it or
+// names what is wrong.
 
 // libtorch's aoti_torch_call_dispatcher (c/shim.h): Python checks the signature against
 // torch's headers and fills the slot (native_fallbacks.bind reads this table too)
@@ -84,7 +73,7 @@ int etm_mps_convolution(void* input, void* weight, void* bias, const int64_t* st
                         const int64_t* dilation, int64_t dilation_len, int32_t transposed,
                         const int64_t* output_padding, int64_t output_padding_len,
                         int64_t groups, void* ret0) {
-  etm_mps_scope scope;
+  etm_fb_scope scope(ETM_DEVICE_MPS);
   if (!scope.on() || !ret0) return 0;
   const etm_rec *x = etm_host_rec(input), *w = etm_host_rec(weight);
   if (!x || !w || x->dim < 3 || x->dim > 4) return 0;
@@ -121,7 +110,7 @@ static uint64_t etm_siv_double(double v) {
 int etm_mps_sdpa_math(void* q, void* k, void* v, void* mask, double dropout_p, int32_t is_causal,
                       void* dropout_mask, void* scale, int32_t enable_gqa, void* ret0,
                       void* ret1) {
-  etm_mps_scope scope;
+  etm_fb_scope scope(ETM_DEVICE_MPS);
   if (!scope.on() || !etm_lt_call_dispatcher || !etm_can_adopt() || !ret0 || !ret1 ||
       dropout_p != 0.0 || (dropout_mask && *(void**)dropout_mask))
     return 0;  // dropout is Python's to refuse
@@ -153,100 +142,5 @@ int etm_mps_sdpa_math(void* q, void* k, void* v, void* mask, double dropout_p, i
   if (!etm_adopt_all(rets, 2, made)) return 0;
   *(void**)ret0 = made[0];
   *(void**)ret1 = made[1];
-  return 1;
-}
-
-// ---- the custom operators (shims/custom_op_shims.py) ----
-
-// up to this many rows of A the Python shim runs int4_linear.c's dot-product kernel, and
-// above it a float32 matmul over tiles of this many bytes of dequantized weights
-// (int4_kernel.DOT_ROWS and TILE_BYTES; Python writes them when the bridge loads, 0: no
-// int4 linear is served here)
-ETM_EXPORT int64_t etm_mps_int4_dot_rows = 0, etm_mps_int4_tile_bytes = 0;
-
-// many rows: what int4_kernel.linear_4bit does, tile by tile: dequantize `rows` weight
-// rows, multiply A by their transpose with libtorch's mm (etm_fb_mm_out, as torch.mm) and
-// copy the tile into its columns of out. false with nothing left behind on any failure
-static bool etm_mps_int4_tiles(void* a, const etm_rec* ra, const etm_rec* rb, const etm_rec* rs,
-                               const etm_rec* rz, int64_t group_size, int64_t ld_sz,
-                               etm_rec* out) {
-  int64_t m = ra->sizes[0], k = ra->sizes[1], n = rb->sizes[0];
-  int64_t per_row = 4 * k > 1 ? 4 * k : 1, rows = etm_mps_int4_tile_bytes / per_row;
-  rows = rows > n ? n : rows;  // as Python: max(1, min(n, TILE_BYTES // (4 K)))
-  rows = rows < 1 ? 1 : rows;
-  int64_t wsizes[2] = {rows, k}, wstrides[2] = {k, 1};
-  void* w = nullptr;
-  if (!etm_native_empty(2, wsizes, wstrides, 6, ETM_DEVICE_MPS, 0, &w)) return false;
-  bool ok = true;
-  float* dst = (float*)(intptr_t)out->data_ptr;
-  for (int64_t row0 = 0; row0 < n && ok; row0 += rows) {
-    int64_t count = n - row0 < rows ? n - row0 : rows;
-    int64_t tsizes[2] = {k, count}, tstrides[2] = {1, k}, osizes[2] = {m, count};
-    void *wt = nullptr, *tile = nullptr;
-    ok = etm_int4_dequantize_rows((const uint8_t*)(intptr_t)rb->data_ptr,
-                                  (const float*)(intptr_t)rs->data_ptr,
-                                  (const float*)(intptr_t)rz->data_ptr, row0, count, k,
-                                  group_size, ld_sz, (float*)(intptr_t)etm_rec_of(w)->data_ptr) == 0 &&
-         etm_native_view(w, 2, tsizes, tstrides, 0, &wt) &&
-         etm_native_empty(2, osizes, nullptr, 6, ETM_DEVICE_MPS, 0, &tile) &&
-         etm_fb_mm_out(tile, a, wt);
-    if (ok) {
-      const float* src = (const float*)(intptr_t)etm_rec_of(tile)->data_ptr;
-      for (int64_t i = 0; i < m; i++)
-        std::memcpy(dst + i * n + row0, src + i * count, (size_t)count * sizeof(float));
-    }
-    if (wt) etm_native_delete((etm_rec*)wt);
-    if (tile) etm_native_delete((etm_rec*)tile);
-  }
-  etm_native_delete((etm_rec*)w);
-  return ok;
-}
-
-// a record of dtype code and dim, dense row-major (its rows may be longer than used)
-static const etm_rec* etm_mps_rows(void* h, int32_t dtype, int64_t* row_stride) {
-  const etm_rec* r = etm_host_rec(h);
-  if (!r || r->dtype != dtype || r->dim != 2 || r->strides[1] != 1 ||
-      r->strides[0] < r->sizes[1])
-    return nullptr;
-  *row_stride = r->strides[0];
-  return r;
-}
-
-// aoti_torch_mps__linear_fp_act_4bit_weight for float32 A of a few rows: the same kernel
-// the Python shim calls (int4_kernel.linear_4bit) on the records' memory, into a new mps
-// tensor. Only calls torchao's kernel accepts (lowbit.check_linear_args) are served;
-// everything else is Python's, which computes it or names what is wrong
-int etm_mps_int4_linear(void* a, void* b, int64_t group_size, void* s, void* z, void* ret) {
-  etm_mps_scope scope;
-  const int32_t f32 = 6, u8 = 0;  // c10 dtype codes
-  int64_t lda = 0, ldb = 0, lds = 0, ldz = 0;
-  if (!scope.on() || !ret) return 0;
-  const etm_rec *ra = etm_mps_rows(a, f32, &lda), *rb = etm_mps_rows(b, u8, &ldb);
-  const etm_rec *rs = etm_mps_rows(s, f32, &lds), *rz = etm_mps_rows(z, f32, &ldz);
-  if (!ra || !rb || !rs || !rz || lda != ra->sizes[1] || ldb != rb->sizes[1]) return 0;
-  int64_t m = ra->sizes[0], k = ra->sizes[1], n = rb->sizes[0];
-  if (!etm_mps_int4_dot_rows || k % 8 || rb->sizes[1] != k / 2) return 0;
-  if (group_size != 32 && group_size != 64 && group_size != 128 && group_size != 256) return 0;
-  if (n % 4 && m != 1) return 0;
-  int64_t groups = (k + group_size - 1) / group_size;
-  if (rs->sizes[0] != n || rz->sizes[0] != n || rs->sizes[1] < groups || rz->sizes[1] < groups ||
-      lds != ldz)
-    return 0;
-  int64_t sizes[2] = {m, n};
-  void* h = nullptr;
-  if (!etm_native_empty(2, sizes, nullptr, f32, ETM_DEVICE_MPS, 0, &h)) return 0;
-  etm_rec* out = (etm_rec*)h;
-  bool ok = m > etm_mps_int4_dot_rows
-                ? etm_mps_int4_tiles(a, ra, rb, rs, rz, group_size, lds, out)
-                : etm_int4_linear_f32((const float*)(intptr_t)ra->data_ptr,
-                                      (const uint8_t*)(intptr_t)rb->data_ptr,
-                                      (const float*)(intptr_t)rs->data_ptr,
-                                      (const float*)(intptr_t)rz->data_ptr, m, k, n, group_size,
-                                      lds, (float*)(intptr_t)out->data_ptr) == 0;
-  if (!ok) {
-    etm_native_delete(out);
-    return 0;
-  }
-  *(void**)ret = out;
   return 1;
 }
