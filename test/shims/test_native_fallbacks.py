@@ -324,3 +324,32 @@ def test_a_bad_expert_index_leaves_c_for_the_python_shim_which_names_it(device, 
     rc, out, _, counts = _call_custom_op(ctx, f"aoti_torch_{device}_gather_qmv", args, 32, code)
     assert rc == 1 and out is None and counts == (0, 1)
     assert "expert index out of range [0, 2): 0..2" in ctx.last_error()
+
+
+def test_shim_counts_made_concurrently_outside_a_run_are_all_kept(tmp_path):
+    """Shims called from several threads at once, outside any model run (no run lock),
+    each count: the counters are atomic adds. Each thread calls the shim in a C loop (the
+    GIL released for the whole loop), so the calls really overlap."""
+    import ctypes
+    import threading
+
+    from etmetal.common.native_build import build_sources
+
+    src = tmp_path / "hammer.c"
+    src.write_text(
+        "#include <stdint.h>\n"
+        "void hammer(_Bool (*fn)(void), int64_t n) { for (int64_t i = 0; i < n; i++) fn(); }\n"
+    )
+    hammer = ctypes.CDLL(str(build_sources("test", "libhammer.so", [src]))).hammer
+    hammer.argtypes, hammer.restype = [ctypes.c_void_p, ctypes.c_int64], None
+    bridge = default_context().load_bridge()
+    name, threads, calls = "aoti_torch_grad_mode_is_enabled", 4, 20_000_000
+    address = ctypes.cast(getattr(bridge.lib, name), ctypes.c_void_p).value
+    before = bridge.shim_counts().get(name, (0, 0))
+    workers = [threading.Thread(target=hammer, args=(address, calls)) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    after = bridge.shim_counts()[name]
+    assert (after[0] - before[0], after[1] - before[1]) == (threads * calls, 0)

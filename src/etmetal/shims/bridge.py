@@ -194,11 +194,9 @@ _GLOBALS = """ETM_EXPORT uint64_t etm_calls = 0;
 ETM_EXPORT const char* etm_last_unbound = nullptr;
 ETM_EXPORT char etm_check_message[1024] = {0};
 ETM_EXPORT bool etm_grad_enabled = false;
-// a count is a relaxed load and store, not a locked add: the runs that make the calls are
-// serialized (a context's run lock), and two locked adds per shim call cost ~5% of a small
-// model's run. Calls made concurrently outside runs may drop a count, never corrupt one
-#define ETM_BUMP(x) \
-  __atomic_store_n(&(x), __atomic_load_n(&(x), __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED)
+// a count is a relaxed atomic add: shims called concurrently (outside a model run, which
+// holds its context's run lock) each count, and no order with other memory is needed
+#define ETM_BUMP(x) __atomic_fetch_add(&(x), 1, __ATOMIC_RELAXED)
 #define ETM_HIT_NATIVE() (ETM_BUMP(etm_calls), ETM_BUMP(etm_shim_native[ETM_SHIM_ROW]))
 #define ETM_HIT_PYTHON() (ETM_BUMP(etm_calls), ETM_BUMP(etm_shim_python[ETM_SHIM_ROW]))
 """
@@ -400,9 +398,13 @@ class Bridge:
         if executor is not None:
             entry = ctypes.c_void_p.in_dll(self.lib, "etm_proxy_entry")
             entry.value = proxy_native.entry_address()
-        bind = self.lib.etm_proxy_bind
-        bind.argtypes, bind.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int32
-        bind(handle, None if executor is None else executor.address)
+        bind = self.lib.etm_proxy_bind_on
+        bind.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+        bind.restype = ctypes.c_int32
+        if executor is None:
+            bind(handle, None, 0)
+        elif bind(handle, executor.address, executor.device_type) != 0:
+            raise BridgeError(f"the native proxy executor cannot serve device {executor.device_type}")
 
     def shim_counts(self) -> dict[str, tuple[int, int]]:
         """Shim name -> (calls served in C, calls that went to Python) since the load,

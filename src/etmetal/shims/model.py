@@ -27,7 +27,7 @@ from .model_run import (
 )
 from .native_fallbacks import check_implementation
 from .proxy_executor import ExternNodeError, ProxyExecutor
-from .proxy_native import NativeProxyExecutor
+from .proxy_native import NativeProxyExecutor, serves_device
 from .standard_context import default_context
 from .steady_run import SteadyRun
 from .storage import HostAllocator, ShimError
@@ -220,13 +220,13 @@ class AotiModel:
                 ctx.running = None
 
     def _serve_proxy_natively(self, text: str | bytes) -> None:
-        """On the native implementation, a host model's proxy calls are served by the
-        native executor (``proxy_native``), parsed once here; the Python executor stays
+        """On the native implementation, a host or mps model's proxy calls are served by
+        the native executor (``proxy_native``), parsed once here; the Python executor stays
         registered for the calls it does not serve (and as the reference)."""
-        if self.shims != "native" or self._device_type != DEVICE_CPU:
+        if self.shims != "native" or not serves_device(self._device_type):
             return
         try:
-            native = NativeProxyExecutor(text)
+            native = NativeProxyExecutor(text, self._device_type)
         except ExternNodeError as exc:
             self.context.unregister_proxy_executor(self._proxy)
             self._proxy = None

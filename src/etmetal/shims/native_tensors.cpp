@@ -424,10 +424,18 @@ int etm_native_adopt_on(void* owner, void* data, int64_t storage_bytes, int64_t 
 
 int etm_native_rebind(void* h, void* owner, void* data, int64_t storage_bytes, int64_t ndim,
                       const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype) {
+  return etm_native_rebind_on(h, owner, data, storage_bytes, ndim, sizes, strides, offset, dtype,
+                              0);
+}
+
+int etm_native_rebind_on(void* h, void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                         const int64_t* sizes, const int64_t* strides, int64_t offset,
+                         int32_t dtype, int32_t device) {
   etm_rec* r = etm_rec_of(h);
   if (!r || !r->native) return 0;
   void* made = nullptr;
-  if (!etm_native_adopt(owner, data, storage_bytes, ndim, sizes, strides, offset, dtype, &made))
+  if (!etm_native_adopt_on(owner, data, storage_bytes, ndim, sizes, strides, offset, dtype,
+                           device, &made))
     return 0;
   etm_rec old = *r;
   etm_rec* m = (etm_rec*)made;

@@ -115,6 +115,10 @@ int etm_native_adopt_on(void* owner, void* data, int64_t storage_bytes, int64_t 
 // is then the record's, as in etm_native_adopt), 0 with nothing changed
 int etm_native_rebind(void* h, void* owner, void* data, int64_t storage_bytes, int64_t ndim,
                       const int64_t* sizes, const int64_t* strides, int64_t offset, int32_t dtype);
+// the same, for a result that reports c10 device type device (an mps model's proxy call)
+int etm_native_rebind_on(void* h, void* owner, void* data, int64_t storage_bytes, int64_t ndim,
+                         const int64_t* sizes, const int64_t* strides, int64_t offset,
+                         int32_t dtype, int32_t device);
 // new_uninitialized_tensor: a native placeholder record (an empty float32 tensor, no
 // memory) for etm_native_rebind to fill; 0: not served here
 int etm_native_placeholder(void** ret);

@@ -35,6 +35,7 @@ import torch
 from etmetal.common.native_build import WARNINGS, NativeBuildError, build_files
 
 from . import extern_ops, native_tensors, proxy_rules
+from .abi_codes import DEVICE_CPU, DEVICE_MPS
 
 HERE = Path(__file__).parent
 SOURCES = ("proxy_native.cpp", "proxy_parse.cpp", "proxy_json.cpp")
@@ -156,11 +157,24 @@ def refusal(target: str) -> str:
     return buf.value.decode(errors="replace")
 
 
-class NativeProxyExecutor:
-    """One table parsed by the native executor; ``address`` is what the bridge binds."""
+# the c10 device types whose models' proxy calls the native executor serves: host memory
+# (the host, and the emulated Metal device, whose results are then device 13 records)
+DEVICES = (DEVICE_CPU, DEVICE_MPS)
 
-    def __init__(self, text: str | bytes) -> None:
+
+def serves_device(device_type: int) -> bool:
+    return device_type in DEVICES
+
+
+class NativeProxyExecutor:
+    """One table parsed by the native executor; ``address`` is what the bridge binds, for
+    a model of c10 device type ``device_type`` (its inputs' and results' device)."""
+
+    def __init__(self, text: str | bytes, device_type: int = 0) -> None:
         self.address = None  # set before anything can fail: close() reads it
+        if not serves_device(device_type):
+            raise NativeProxyError(f"the native proxy executor serves devices {DEVICES}")
+        self.device_type = device_type
         self._lib = lib = library()
         data = text.encode() if isinstance(text, str) else bytes(text)
         allowed, custom = process_names()
