@@ -44,6 +44,7 @@ CXX_HEADERS = {
     f"{MSL}/msl_compat.h": "-std=c++20",
     f"{MSL}/msl_check.h": "-std=c++20",  # msl_compat.h's part for a checked build
     "shims/proxy_json.h": "-std=c++17",  # the native proxy executor's JSON reader
+    "shims/native_records.h": "-std=c++17",  # shared by the native tensors' C++ units
 }
 HEADER_PARTS = {
     f"{MSL}/{n}": f"{MSL}/msl_compat.h"
@@ -123,7 +124,9 @@ def _context(rel: str, request) -> tuple[str, ...]:
         from etmetal.shims.proxy_native import torch_compile_flags
 
         return (*torch_compile_flags(), "-I", str(request.getfixturevalue("stock_generated")))
-    if rel.startswith("shims/native_fallbacks.") or rel == "shims/proxy_host.cpp":
+    # the units that include native_fallbacks.h, which includes the generated header
+    fallback_units = {"shims/proxy_host.cpp", "shims/native_loans.cpp", "shims/native_custom_ops.cpp"}
+    if rel.startswith("shims/native_fallbacks.") or rel in fallback_units:
         return ("-I", str(request.getfixturevalue("stock_generated")))
     if rel.startswith("stock_runtime/"):
         from etmetal.stock_runtime.runner import executorch_compile_flags

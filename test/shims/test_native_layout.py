@@ -19,7 +19,11 @@ from etmetal.shims.native_tensors import LayoutError, check_layout, native_layou
 
 def _layout_lib(header: bytes) -> ctypes.CDLL:
     """native_tensors.cpp built alone against ``header``."""
-    files = {nt.SOURCE.name: nt.SOURCE.read_bytes(), nt.HEADER.name: header}
+    files = {
+        nt.SOURCE.name: nt.SOURCE.read_bytes(),
+        nt.HEADER.name: header,
+        nt.RECORDS_HEADER.name: nt.RECORDS_HEADER.read_bytes(),
+    }
     path = build_files(
         "test-layout",
         "liblayout.so",

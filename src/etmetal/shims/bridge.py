@@ -261,22 +261,17 @@ def generate_source(shims: Mapping[str, Callable], sources: Sequence[BridgeSourc
 def build(source: str) -> Path:
     """Compile the trampoline if the cache has no build of this exact source; return its path."""
     try:
+        units = (*native_tensors.SOURCES, *native_fallbacks.SOURCES, native_custom_ops.SOURCE)
+        headers = (native_tensors.HEADER, native_tensors.RECORDS_HEADER, native_fallbacks.HEADER)
         files = {
             "libetmetal_bridge.cpp": source.encode(),
-            native_tensors.SOURCE.name: native_tensors.SOURCE.read_bytes(),
-            native_tensors.HEADER.name: native_tensors.HEADER.read_bytes(),
-            native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
-            native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
-            native_custom_ops.SOURCE.name: native_custom_ops.SOURCE.read_bytes(),
-            int4_kernel.SOURCE.name: int4_kernel.SOURCE.read_bytes(),
+            **{p.name: p.read_bytes() for p in (*units, *headers, int4_kernel.SOURCE)},
             **fallback_codegen.files(),
             **proxy_native.host_files(),
         }
         compiled = [
             "libetmetal_bridge.cpp",
-            native_tensors.SOURCE.name,
-            native_fallbacks.SOURCE.name,
-            native_custom_ops.SOURCE.name,
+            *(p.name for p in units),
             proxy_native.HOST_SOURCE.name,
         ]
         return build_files(

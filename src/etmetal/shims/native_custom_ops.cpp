@@ -28,13 +28,9 @@ extern "C" {
 // signature against torch's headers and fills the slot (native_fallbacks.bind)
 typedef int32_t (*etm_lt_addmv_fn)(void*, void*, void*, double, double, void**);
 static etm_lt_addmv_fn etm_lt_addmv = nullptr;
-ETM_EXPORT extern const etm_lt_entry etm_lt_cop_table[];
-ETM_EXPORT extern const int64_t etm_lt_cop_count;
-const etm_lt_entry etm_lt_cop_table[] = {
-    {"aoti_torch_cpu_addmv", "int32_t(void*, void*, void*, double, double, void*)",
-     (void**)(void*)&etm_lt_addmv},
-};
-const int64_t etm_lt_cop_count = sizeof(etm_lt_cop_table) / sizeof(etm_lt_cop_table[0]);
+ETM_LT_TABLE(etm_lt_cop_table, etm_lt_cop_count,
+             ETM_LT("aoti_torch_cpu_addmv", "int32_t(void*, void*, void*, double, double, void*)",
+                    etm_lt_addmv));
 
 // Python writes these when the bridge loads (native_custom_ops.configure); 0: not served.
 // The int4 linear: up to etm_int4_dot_rows rows of A the dot-product kernel, above it a

@@ -1,5 +1,7 @@
-// Fallback ops served in C (shims/native_fallbacks.py explains the design). Its own
-// translation unit, linked into the bridge next to native_tensors.cpp.
+// Fallback ops served in C (shims/native_fallbacks.py explains the design): the libtorch
+// functions they call, lending records to libtorch and adopting its results, and the
+// fallbacks whose checks are written by hand. Its own translation unit, linked into the
+// bridge next to native_tensors.cpp; the generated fallbacks are native_loans.cpp's.
 #include "native_fallbacks.h"
 
 #include <cstdint>
@@ -51,7 +53,6 @@ static etm_lt_topk_fn etm_lt_topk = nullptr;
 static etm_lt_mm_fn etm_lt_mm_out = nullptr, etm_lt_bmm_out = nullptr;
 static etm_lt_addmm_fn etm_lt_addmm_out = nullptr, etm_lt_baddbmm_out = nullptr;
 
-#define ETM_LT(NAME, SIG, SLOT) {NAME, SIG, (void**)(void*)&SLOT}
 const etm_lt_entry etm_lt_table[] = {
     ETM_LT("aoti_torch_create_tensor_from_blob",
            "int32_t(void*, int64_t, void*, void*, int64_t, int32_t, int32_t, int32_t, void*)",
@@ -95,7 +96,7 @@ const etm_rec* etm_host_rec(void* h) {
 }
 
 // a dense block (some permutation of contiguous strides): ATen writes it in place
-static bool etm_packed(const etm_rec* r) {
+bool etm_packed(const etm_rec* r) {
   int64_t expected = 1;
   bool used[ETM_MAX_DIMS] = {false};
   for (int64_t n = 0; n < r->dim; n++) {  // the dimension with the smallest stride next
@@ -225,20 +226,28 @@ bool etm_optional(void* p, const etm_rec** rec) {
   return !h || *rec;
 }
 
-int etm_fb_sdpa_flash(void* q, void* k, void* v, double dropout_p, int32_t is_causal, void* mask,
-                      void* scale, void* ret0, void* ret1) {
-  if (!etm_native_fallbacks || !etm_lt_sdpa_flash || !etm_can_adopt() || !ret0 || !ret1 ||
-      dropout_p != 0.0)
-    return 0;
+// an attention's operands lent to libtorch: q, k, v ([B, H, S, D] records of the call's
+// device whose head and sequence sizes fit) and the optional mask in t; the count lent (3
+// or 4), or 0 with nothing lent (Python's shim then names what is wrong)
+int etm_lend_attention(void* q, void* k, void* v, void* mask, void** t) {
   const etm_rec* recs[4] = {etm_host_rec(q), etm_host_rec(k), etm_host_rec(v), nullptr};
   if (!recs[0] || !recs[1] || !recs[2] || !etm_optional(mask, &recs[3])) return 0;
   const etm_rec *rq = recs[0], *rk = recs[1], *rv = recs[2];
   if (rq->dim != 4 || rk->dim != 4 || rv->dim != 4 || rq->sizes[3] != rk->sizes[3] ||
       rk->sizes[2] != rv->sizes[2])
-    return 0;  // Python's shim names what is wrong
+    return 0;
   int n = recs[3] ? 4 : 3;
+  return etm_lend(recs, n, t) ? n : 0;
+}
+
+int etm_fb_sdpa_flash(void* q, void* k, void* v, double dropout_p, int32_t is_causal, void* mask,
+                      void* scale, void* ret0, void* ret1) {
+  if (!etm_native_fallbacks || !etm_lt_sdpa_flash || !etm_can_adopt() || !ret0 || !ret1 ||
+      dropout_p != 0.0)
+    return 0;
   void* t[4] = {nullptr, nullptr, nullptr, nullptr};
-  if (!etm_lend(recs, n, t)) return 0;
+  int n = etm_lend_attention(q, k, v, mask, t);
+  if (!n) return 0;
   void* outs[2] = {nullptr, nullptr};
   int32_t rc = etm_lt_sdpa_flash(t[0], t[1], t[2], 0.0, is_causal, n == 4 ? &t[3] : nullptr,
                                  scale, &outs[0], &outs[1]);
@@ -296,107 +305,6 @@ int etm_fb_topk(void* self, int64_t k, int64_t dim, int32_t largest, int32_t sor
   return 1;
 }
 
-// ---- the loans of the generated fallbacks (fallback_codegen.py) ----
-
-#define ETM_LOAN_MAX 64
-// the libtorch tensors one call lent, and the records they are over
-struct etm_loan {
-  int n;
-  const etm_rec* recs[ETM_LOAN_MAX];
-  void* lent[ETM_LOAN_MAX];
-};
-
-static bool etm_loan_tensor(etm_loan* loan, void* h, void** t) {
-  const etm_rec* r = etm_host_rec(h);
-  if (!r || loan->n >= ETM_LOAN_MAX || !etm_lend(&r, 1, t)) return false;
-  loan->recs[loan->n] = r;
-  loan->lent[loan->n++] = *t;
-  return true;
-}
-// p: AtenTensorHandle* (NULL or a NULL handle: None); *arg: what libtorch is passed
-static bool etm_loan_optional(etm_loan* loan, void* p, void** t, void** arg) {
-  void* h = p ? *(void**)p : nullptr;
-  *arg = nullptr;
-  if (!h) return true;
-  if (!etm_loan_tensor(loan, h, t)) return false;
-  *arg = t;
-  return true;
-}
-[[maybe_unused]] static bool etm_loan_list(etm_loan* loan, void* hs, int64_t n, void** ts) {
-  if (n < 0 || n > ETM_LOAN_MAX || (n && !hs)) return false;
-  for (int64_t i = 0; i < n; i++)
-    if (!etm_loan_tensor(loan, ((void* const*)hs)[i], &ts[i])) return false;
-  return true;
-}
-[[maybe_unused]] static bool etm_loan_optional_list(etm_loan* loan, void* ps, int64_t n, void** ts,
-                                                    void** args) {
-  if (n < 0 || n > ETM_LOAN_MAX || (n && !ps)) return false;
-  for (int64_t i = 0; i < n; i++)
-    if (!etm_loan_optional(loan, ((void* const*)ps)[i], &ts[i], &args[i])) return false;
-  return true;
-}
-static void etm_loan_end(etm_loan* loan) {
-  etm_unlend(loan->lent, loan->n);
-  loan->n = 0;
-}
-
-// bytes from a record's first element to past its last one (any stride signs)
-static bool etm_within(const etm_rec* r, const char* p) {
-  int64_t lo = 0, hi = 0;
-  for (int64_t d = 0; d < r->dim; d++) {
-    int64_t span = (r->sizes[d] - 1) * r->strides[d];
-    (span < 0 ? lo : hi) += span;
-  }
-  const char* base = (const char*)(intptr_t)r->data_ptr;
-  int64_t item = etm_itemsize[r->dtype];
-  return p >= base + lo * item && p < base + (hi + 1) * item;
-}
-// the results share no memory with a lent record (a view of an input cannot be
-// adopted as a storage of its own); false with every result deleted
-static bool etm_loan_fresh(const etm_loan* loan, void** made, int n) {
-  bool fresh = true;
-  for (int i = 0; i < n && fresh; i++) {
-    void* data = nullptr;
-    if (!made[i] || etm_lt_data_ptr(made[i], &data) != 0) fresh = false;
-    for (int j = 0; j < loan->n && fresh && data; j++)
-      if (etm_within(loan->recs[j], (const char*)data)) fresh = false;
-  }
-  if (!fresh)
-    for (int i = 0; i < n; i++)
-      if (made[i]) etm_lt_delete(made[i]);
-  return fresh;
-}
-
-// the generated shims' conditions (fallback_codegen.UTILITIES)
-static bool etm_same_geometry(void* a, void* b) {
-  const etm_rec *x = etm_host_rec(a), *y = etm_host_rec(b);
-  if (!x || !y || x->dtype != y->dtype || x->dim != y->dim) return false;
-  for (int64_t d = 0; d < x->dim; d++)
-    if (x->sizes[d] != y->sizes[d]) return false;
-  return true;
-}
-static bool etm_rec_contiguous(void* h) {
-  const etm_rec* r = etm_host_rec(h);
-  if (!r) return false;
-  int64_t expected = 1;
-  for (int64_t d = r->dim - 1; d >= 0; d--) {
-    if (r->sizes[d] != 1 && r->strides[d] != expected) return false;
-    expected *= r->sizes[d];
-  }
-  return true;
-}
-static bool etm_rec_dense(void* h) {
-  const etm_rec* r = etm_host_rec(h);
-  return r && etm_packed(r);
-}
-[[maybe_unused]] static bool etm_dtype_known(int32_t code) {
-  return code >= 0 && code < ETM_NDTYPES && etm_itemsize[code];
-}
-static int32_t etm_rec_dtype(void* h) {
-  const etm_rec* r = etm_host_rec(h);
-  return r ? r->dtype : -1;
-}
-
 int etm_fb_mm_out(void* out, void* self, void* mat2) {
   return etm_product(etm_lt_mm_out, out, self, mat2, 2);
 }
@@ -409,8 +317,5 @@ int etm_fb_addmm_out(void* out, void* self, void* mat1, void* mat2, double beta,
 int etm_fb_baddbmm_out(void* out, void* self, void* b1, void* b2, double beta, double alpha) {
   return etm_scaled_product(etm_lt_baddbmm_out, out, self, b1, b2, beta, alpha, 3);
 }
-
-// every other host fallback and the tensor utilities, generated from torch's headers
-#include "native_generated.inc"
 
 }  // extern "C"

@@ -18,6 +18,16 @@ typedef struct {
   void** slot;
 } etm_lt_entry;
 
+// one row of a libtorch table, and a table of a unit (exported: native_fallbacks.bind
+// reads each by name; declared extern first, as a const at namespace scope would
+// otherwise be internal)
+#define ETM_LT(NAME, SIG, SLOT) {NAME, SIG, (void**)(void*)&SLOT}
+#define ETM_LT_TABLE(TABLE, COUNT, ...)                                   \
+  ETM_EXPORT extern const etm_lt_entry TABLE[];                           \
+  ETM_EXPORT extern const int64_t COUNT;                                  \
+  const etm_lt_entry TABLE[] = {__VA_ARGS__};                             \
+  const int64_t COUNT = sizeof(TABLE) / sizeof(TABLE[0])
+
 ETM_EXPORT extern const etm_lt_entry etm_lt_table[];
 ETM_EXPORT extern const int64_t etm_lt_count;
 // 1 while the fallbacks may be served here (set by Python: the "native" implementation)
@@ -65,6 +75,10 @@ void etm_unlend(void** ts, int n);
 bool etm_adopt_all(void** rets, int n, void** outs);
 bool etm_can_adopt(void);
 bool etm_optional(void* p, const etm_rec** rec);
+// an attention's q, k, v and optional mask lent to libtorch into t: 3 or 4 lent, 0 none
+int etm_lend_attention(void* q, void* k, void* v, void* mask, void** t);
+// r's elements are a dense block (some permutation of contiguous strides)
+bool etm_packed(const etm_rec* r);
 
 ETM_EXPORT extern const etm_lt_entry etm_lt_gen_table[];
 ETM_EXPORT extern const int64_t etm_lt_gen_count;

@@ -45,6 +45,8 @@ from . import abi, fallback_codegen
 NATIVE_DIR = Path(__file__).parent
 SOURCE = NATIVE_DIR / "native_fallbacks.cpp"
 HEADER = NATIVE_DIR / "native_fallbacks.h"
+# the units: the hand-written fallbacks, and the generated ones with their loans
+SOURCES = (SOURCE, NATIVE_DIR / "native_loans.cpp")
 
 IMPLEMENTATIONS = ("native", "python")
 

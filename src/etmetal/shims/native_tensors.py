@@ -51,6 +51,10 @@ OWNED, BORROWED, FOREIGN = 1, 2, 3
 
 NATIVE_DIR = Path(__file__).parent
 SOURCE = NATIVE_DIR / "native_tensors.cpp"  # linked into the bridge next to the trampoline
+# every unit of the native tensors and the header they share (with the trampoline only
+# native_tensors.h): what a build linking them compiles and writes
+SOURCES = (SOURCE, NATIVE_DIR / "native_lending.cpp", NATIVE_DIR / "native_run.cpp")
+RECORDS_HEADER = NATIVE_DIR / "native_records.h"
 HEADER = NATIVE_DIR / "native_tensors.h"  # the shared structs, included by both
 
 

@@ -176,10 +176,16 @@ def build_library() -> Path:
     files = {
         "libetmetal_bridge.cpp": bridge.generate_source(standard_shims(), [CUSTOM_OPS]).encode(),
         int4_kernel.SOURCE.name: int4_kernel.SOURCE.read_bytes(),
-        native_tensors.SOURCE.name: native_tensors.SOURCE.read_bytes(),
-        native_tensors.HEADER.name: native_tensors.HEADER.read_bytes(),
-        native_fallbacks.SOURCE.name: native_fallbacks.SOURCE.read_bytes(),
-        native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
+        **{
+            p.name: p.read_bytes()
+            for p in (
+                *native_tensors.SOURCES,
+                native_tensors.HEADER,
+                native_tensors.RECORDS_HEADER,
+                *native_fallbacks.SOURCES,
+                native_fallbacks.HEADER,
+            )
+        },
         **fallback_codegen.files(),
         **proxy_native.host_files(),
         "itemsizes.inc": _itemsize_include(),
@@ -193,8 +199,7 @@ def build_library() -> Path:
             files,
             [
                 "libetmetal_bridge.cpp",
-                native_tensors.SOURCE.name,
-                native_fallbacks.SOURCE.name,
+                *(p.name for p in (*native_tensors.SOURCES, *native_fallbacks.SOURCES)),
                 proxy_native.HOST_SOURCE.name,
                 *SOURCES,
             ],

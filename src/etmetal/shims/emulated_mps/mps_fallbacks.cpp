@@ -14,14 +14,9 @@
 // torch's headers and fills the slot (native_fallbacks.bind reads this table too)
 typedef int32_t (*etm_lt_dispatch_fn)(const char*, const char*, uint64_t*);
 static etm_lt_dispatch_fn etm_lt_call_dispatcher = nullptr;
-// (declared extern first: a const at namespace scope would otherwise be internal)
-ETM_EXPORT extern const etm_lt_entry etm_lt_mps_table[];
-ETM_EXPORT extern const int64_t etm_lt_mps_count;
-const etm_lt_entry etm_lt_mps_table[] = {
-    {"aoti_torch_call_dispatcher", "int32_t(void*, void*, void*)",
-     (void**)(void*)&etm_lt_call_dispatcher},
-};
-const int64_t etm_lt_mps_count = sizeof(etm_lt_mps_table) / sizeof(etm_lt_mps_table[0]);
+ETM_LT_TABLE(etm_lt_mps_table, etm_lt_mps_count,
+             ETM_LT("aoti_torch_call_dispatcher", "int32_t(void*, void*, void*)",
+                    etm_lt_call_dispatcher));
 
 // the layout class of a convolution operand: 0 contiguous, 1 channels-last (4-d, every
 // stride exactly NHWC's), -1 anything else; contiguous or channels-last with one channel
@@ -114,15 +109,10 @@ int etm_mps_sdpa_math(void* q, void* k, void* v, void* mask, double dropout_p, i
   if (!scope.on() || !etm_lt_call_dispatcher || !etm_can_adopt() || !ret0 || !ret1 ||
       dropout_p != 0.0 || (dropout_mask && *(void**)dropout_mask))
     return 0;  // dropout is Python's to refuse
-  const etm_rec* recs[4] = {etm_host_rec(q), etm_host_rec(k), etm_host_rec(v), nullptr};
-  if (!recs[0] || !recs[1] || !recs[2] || !etm_optional(mask, &recs[3])) return 0;
-  const etm_rec *rq = recs[0], *rk = recs[1], *rv = recs[2];
-  if (rq->dim != 4 || rk->dim != 4 || rv->dim != 4 || rq->sizes[3] != rk->sizes[3] ||
-      rk->sizes[2] != rv->sizes[2])
-    return 0;  // Python's shim names what is wrong
-  int n = recs[3] ? 4 : 3;
   void* t[4] = {nullptr, nullptr, nullptr, nullptr};
-  if (!etm_lend(recs, n, t)) return 0;
+  int n = etm_lend_attention(q, k, v, mask, t);
+  if (!n) return 0;
+  const etm_rec *rq = etm_rec_of(q), *rk = etm_rec_of(k);
   // as Python's shim: the group factor also follows from the shapes
   bool gqa = enable_gqa || rq->sizes[1] != rk->sizes[1];
   uint64_t* mask_iv = n == 4 ? new uint64_t((uint64_t)(uintptr_t)t[3]) : nullptr;
