@@ -92,11 +92,11 @@ def no_leaks():
     assert (stats.tensors, stats.storages, stats.bytes) == (0, 0, 0), stats
 
 
-def _compiled(name: str):
+def _compiled(name: str, target: str = "host"):
     torch.manual_seed(0)
     make, inputs = MODELS[name]
     module, example = make().eval(), inputs()
-    art = compile_exported_program(torch.export.export(module, example))
+    art = compile_exported_program(torch.export.export(module, example), target=target)
     assert art.extern_nodes_path is not None  # the .so does call the proxy executor
     return module, art
 
@@ -114,11 +114,11 @@ def _delta(after, before):
     return out
 
 
-def _runs(art, inputs, shims: str, runs: int = 3):
+def _runs(art, inputs, shims: str, runs: int = 3, device: str = "cpu"):
     """Outputs of the first run, of the last, and the per-shim counts of the steady runs."""
     with AotiModel(
         art.so_path, art.weights_path.read_bytes(), extern_nodes=art.extern_nodes_bytes(),
-        shims=shims,
+        shims=shims, device=device,
     ) as model:  # fmt: skip
         first = [t.clone() for t in model.run(list(inputs))]
         before = _counts(model)
@@ -127,14 +127,18 @@ def _runs(art, inputs, shims: str, runs: int = 3):
         return first, last, _delta(_counts(model), before)
 
 
+@pytest.mark.parametrize("target", ["host", "mps_emulated"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_models_are_bit_identical_on_both_executors_and_a_native_run_never_reaches_python(
-    name, no_leaks
+    name, target, no_leaks
 ):
-    module, art = _compiled(name)
+    """On the host and on the emulated Metal device (whose proxy results are device 13
+    records, as the Python executor's are mps tensors)."""
+    module, art = _compiled(name, target)
     inputs = MODELS[name][1]()
-    native_first, native_last, native = _runs(art, inputs, "native")
-    python_first, python_last, python = _runs(art, inputs, "python")
+    device = "mps" if target == "mps_emulated" else "cpu"
+    native_first, native_last, native = _runs(art, inputs, "native", device=device)
+    python_first, python_last, python = _runs(art, inputs, "python", device=device)
     for a, b, c in zip(native_first, python_first, native_last):
         assert torch.equal(a, b) and torch.equal(a, c)
     with torch.no_grad():

@@ -296,12 +296,9 @@ class AotiModel:
                 )
                 # a model with an extern-node table runs it when the native executor
                 # serves its proxy calls; on the Python executor it runs the general way.
-                # The emulated Metal device's inputs are host memory too (no proxy there)
-                if (
-                    self.device == CPU_DEVICE
-                    and (self._proxy is None or self._native_proxy is not None)
-                )
-                or (self._device_type == DEVICE_MPS and self._proxy is None)
+                # The emulated Metal device's inputs are host memory too
+                if (self.device == CPU_DEVICE or self._device_type == DEVICE_MPS)
+                and (self._proxy is None or self._native_proxy is not None)
                 else None
             )
             self._runner = ModelRunner(
@@ -394,7 +391,9 @@ class AotiModel:
         """A ``FastRun`` of this model for another caller (a ``.pte`` method's direct
         call): ``fast_run.build``'s keywords; None when the model runs the general way."""
         runner = self._runner
-        if runner is None or runner.steady is None:
+        # not on the emulated Metal device: as in _install_fast_run, its launch failures
+        # are read after each run, and a fast run lends its inputs as host tensors
+        if runner is None or runner.steady is None or self._device_type != DEVICE_CPU:
             return None
         return fast_run.build(runner.steady, self, **kwargs)
 
