@@ -356,3 +356,32 @@ def test_a_launch_that_fails_in_a_steady_run_fails_the_run(no_leaks):
             limit.value = saved
         (again,) = model.run(list(inputs))
     assert torch.equal(good, again)
+
+
+@pytest.mark.parametrize("name", ["mm_weight_param", "linear_bias", "gather_qmv"])
+def test_a_pte_method_for_the_emulated_device_stays_in_c(name, no_leaks):
+    """Through a .pte method (the runtime's delegate call, not AotiModel.run): the inputs
+    are lent as mps records and the weights stay in C, so a steady execute makes no
+    Python call (the prepared fast call is the host's only)."""
+    from etmetal.backend.lowering import lower
+    from etmetal.runtime import Runtime
+
+    entry = metal_registry.REGISTRY[name]
+    module, inputs = metal_registry.get_model_and_inputs(name)
+    program, _ = lower(module.eval(), tuple(inputs), target=TARGET, runtime="etmetal")
+    ctx = default_context()
+    method = Runtime.get().load_program(program.buffer, trust_native_code=True).load_method(
+        "forward"
+    )
+    for _ in range(2):
+        method.execute(list(inputs))
+    before = _counts(ctx)
+    for _ in range(3):
+        (out,) = method.execute(list(inputs))
+    counts = _delta(_counts(ctx), before)
+    method.destroy()
+    del method
+    assert sum(p for _, p in counts.values()) == 0, counts
+    assert any(n.startswith("aoti_torch_mps_") and c[0] >= 3 for n, c in counts.items()), counts
+    with torch.no_grad():
+        torch.testing.assert_close(out, module(*inputs), atol=entry.atol, rtol=entry.rtol)
