@@ -125,7 +125,11 @@ def _context(rel: str, request) -> tuple[str, ...]:
 
         return (*torch_compile_flags(), "-I", str(request.getfixturevalue("stock_generated")))
     # the units that include native_fallbacks.h, which includes the generated header
-    fallback_units = {"shims/proxy_host.cpp", "shims/native_loans.cpp", "shims/native_custom_ops.cpp"}
+    fallback_units = {
+        "shims/proxy_host.cpp",
+        "shims/native_loans.cpp",
+        "shims/native_custom_ops.cpp",
+    }
     if rel.startswith("shims/native_fallbacks.") or rel in fallback_units:
         return ("-I", str(request.getfixturevalue("stock_generated")))
     if rel.startswith("stock_runtime/"):

@@ -229,8 +229,14 @@ def _custom_op_cases(gen: torch.Generator) -> list[tuple[str, list[torch.Tensor]
     def recurrence(b, t, hk, dk, hv, dv, strided=False):
         q = rnd(b, hk, t, dk).transpose(1, 2) if strided else rnd(b, t, hk, dk)
         g = torch.rand(b, t, hv, generator=gen)
-        return [q, rnd(b, t, hk, dk), rnd(b, t, hv, dv), g, torch.rand(b, t, hv, generator=gen),
-                rnd(b, hv, dv, dk)]
+        return [
+            q,
+            rnd(b, t, hk, dk),
+            rnd(b, t, hv, dv),
+            g,
+            torch.rand(b, t, hv, generator=gen),
+            rnd(b, hv, dv, dk),
+        ]
 
     w, s, z = _quantize_int4_affine(rnd(3, 24, 64), 16)
     w32, s32, z32 = _quantize_int4_affine(rnd(3, 24, 64), 32)
@@ -304,9 +310,11 @@ def test_custom_op_shims_in_c_are_bit_identical_to_the_python_references(device,
         for a, b in zip(args_n, args_p):  # gated_delta_rule's new state, bit for bit
             assert torch.equal(a, b), name
         with torch.no_grad():  # and the reference really is ExecuTorch's
-            want = getattr(torch.ops.metal, op)(*[a.clone() for a in args[:5]], group) if (
-                group is not None
-            ) else getattr(torch.ops.metal, op)(*[a.clone() for a in args])
+            want = (
+                getattr(torch.ops.metal, op)(*[a.clone() for a in args[:5]], group)
+                if (group is not None)
+                else getattr(torch.ops.metal, op)(*[a.clone() for a in args])
+            )
         assert torch.equal(out_p, want), name
 
 

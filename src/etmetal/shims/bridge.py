@@ -399,7 +399,9 @@ class Bridge:
         if executor is None:
             bind(handle, None, 0)
         elif bind(handle, executor.address, executor.device_type) != 0:
-            raise BridgeError(f"the native proxy executor cannot serve device {executor.device_type}")
+            raise BridgeError(
+                f"the native proxy executor cannot serve device {executor.device_type}"
+            )
 
     def shim_counts(self) -> dict[str, tuple[int, int]]:
         """Shim name -> (calls served in C, calls that went to Python) since the load,

@@ -66,7 +66,9 @@ def sum_lanes(lib: ctypes.CDLL) -> int:
     row_sum.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     row_sum.restype = ctypes.c_float
     gen = torch.Generator().manual_seed(0)
-    rows = [torch.randn(n, generator=gen) * 1000 for n in (32, 75, 200, 1000, 4099) for _ in range(4)]
+    rows = [
+        torch.randn(n, generator=gen) * 1000 for n in (32, 75, 200, 1000, 4099) for _ in range(4)
+    ]
     want = [torch.sum(r).view(1).view(torch.int32).item() for r in rows]
     for lanes in _LANES:
         got = [

@@ -370,8 +370,8 @@ def test_a_pte_method_for_the_emulated_device_stays_in_c(name, no_leaks):
     module, inputs = metal_registry.get_model_and_inputs(name)
     program, _ = lower(module.eval(), tuple(inputs), target=TARGET, runtime="etmetal")
     ctx = default_context()
-    method = Runtime.get().load_program(program.buffer, trust_native_code=True).load_method(
-        "forward"
+    method = (
+        Runtime.get().load_program(program.buffer, trust_native_code=True).load_method("forward")
     )
     for _ in range(2):
         method.execute(list(inputs))
