@@ -126,7 +126,6 @@ def _native_path(decl: abi.Decl, device_paths: Mapping[str, str]) -> str:
         device_paths.get(decl.name)
         or native_tensors.NATIVE_PATHS.get(decl.name)
         or native_fallbacks.NATIVE_PATHS.get(decl.name)
-        or native_custom_ops.NATIVE_PATHS.get(decl.name)
         or proxy_native.NATIVE_PATHS.get(decl.name)
     )
     if served is not None:

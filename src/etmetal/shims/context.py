@@ -49,7 +49,7 @@ from typing import Protocol
 from etmetal.shims.abi_codes import DEVICE_CPU, DEVICE_MPS
 from etmetal.shims.record_table import Records
 
-from . import native_tensors
+from . import native_custom_ops, native_tensors
 from .bridge import Bridge, BridgeError, build, generate_source
 from .device import BridgeSource, Device
 from .handles import HandleTable
@@ -222,8 +222,10 @@ class ShimContext:
             return self.bridge
 
     def bridge_sources(self) -> list[BridgeSource]:
-        """The native code the registered devices compile into this context's trampoline."""
-        return [d.bridge_source for d in self.devices.values() if d.bridge_source is not None]
+        """The native code compiled into this context's trampoline: the custom operators'
+        paths (``native_custom_ops``), then the registered devices'."""
+        devices = [d.bridge_source for d in self.devices.values() if d.bridge_source is not None]
+        return [native_custom_ops.BRIDGE_SOURCE, *devices]
 
     def attach_native(self, records: Records, native: native_tensors.NativeTensors) -> None:
         """Called by the bridge once loaded: its record table and native tensors."""

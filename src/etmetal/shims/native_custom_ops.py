@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from . import int4_kernel
+from .device import BridgeSource
 
 SOURCE = Path(__file__).with_name("native_custom_ops.cpp")
 # the libtorch table this unit adds (native_fallbacks.bind fills it when present)
@@ -55,6 +56,10 @@ def _paths(prefix: str, device: str) -> dict[str, str]:
 
 # forwarded shim -> the C served before Python (bridge._native_path)
 NATIVE_PATHS = {**_paths("cpu", "0"), **_paths("mps", "ETM_DEVICE_MPS")}
+# what a context's trampoline adds for this unit (ShimContext.load_bridge; bridge.build
+# compiles the unit). Not a standard path of every trampoline: the stock runtime's serves
+# these shims its own way and does not link this unit
+BRIDGE_SOURCE = BridgeSource(native_paths=NATIVE_PATHS)
 
 
 def sum_lanes(lib: ctypes.CDLL) -> int:
