@@ -188,6 +188,7 @@ def build_library() -> Path:
         },
         **fallback_codegen.files(),
         **proxy_native.host_files(),
+        **proxy_native.json_reader_files(),
         "itemsizes.inc": _itemsize_include(),
         **{name: (HERE / name).read_bytes() for name in (*SOURCES, *HEADERS)},
     }
@@ -201,6 +202,7 @@ def build_library() -> Path:
                 "libetmetal_bridge.cpp",
                 *(p.name for p in (*native_tensors.SOURCES, *native_fallbacks.SOURCES)),
                 proxy_native.HOST_SOURCE.name,
+                proxy_native.JSON_READER.name,
                 *SOURCES,
             ],
             lang="c++",
