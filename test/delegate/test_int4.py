@@ -60,10 +60,12 @@ def test_int4_weights_stay_packed_in_the_program_and_at_run_time(lowered):
     stored = sum(len(v) for k, v in named_bytes(low.pte).items() if not k.endswith("_so_blob"))
     assert stored < n * k  # less than one byte per weight: no float copy beside it
 
-    # at run time the shim reads the uint8 constant where the program's named data holds it
+    # at run time the shim reads the uint8 constant where the program's named data holds it:
+    # the Python shim (the reference, spied on) is handed a borrowed uint8 view...
     seen = []
     bridge = load_bridge()
-    original = bridge.context.shims[SHIM]
+    ctx = bridge.context
+    original = ctx.shims[SHIM]
 
     def spy(ctx, a, b, group_size, s, z, ret):
         t = ctx.lookup(b, "B")
@@ -71,8 +73,16 @@ def test_int4_weights_stay_packed_in_the_program_and_at_run_time(lowered):
         return original(ctx, a, b, group_size, s, z, ret)
 
     bridge.bind(SHIM, spy)
+    previous = ctx.set_implementation("python")
     try:
-        low.execute(low.inputs)
+        (reference,) = low.execute(low.inputs)
     finally:
+        ctx.set_implementation(previous)
         bridge.bind(SHIM, original)
     assert seen == [(torch.uint8, (n, k // 2), False, 32)]
+    # ... and the native implementation serves the same call in C, with the same bits
+    before = bridge.shim_counts().get(SHIM, (0, 0))
+    (native,) = low.execute(low.inputs)
+    after = bridge.shim_counts()[SHIM]
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0) and not seen[1:]
+    assert torch.equal(native, reference)
