@@ -130,7 +130,7 @@ static PyObject* run_locked(FastRun* self, PyObject* inputs, void** made) {
 static int outputs_served(FastRun* self) {
   for (Py_ssize_t i = 0; i < self->n_out; i++) {
     PyObject* want = self->expect_out ? PyTuple_GET_ITEM(self->expect_out, i) : NULL;
-    if (!etm_output_served(&self->lib, &self->outs[i], want, COPY_LIMIT)) return 0;
+    if (!etm_output_served(&self->lib, &self->outs[i], want, self->copy_limit)) return 0;
   }
   return 1;
 }

@@ -7,8 +7,6 @@
 
 typedef int32_t (*etm_run_fn)(etm_call*);
 
-#define COPY_LIMIT (64 << 10)  // steady_run.COPY_LIMIT: larger outputs take the Python path
-
 typedef struct {
   PyObject_HEAD
   vectorcallfunc vectorcall;
@@ -20,6 +18,7 @@ typedef struct {
   void** out_handles;
   const int64_t* armed;  // SteadyRun.armed: 1 once the first run is done, 0 after close
   Py_ssize_t n_in, n_out;
+  int64_t copy_limit;  // steady_run.COPY_LIMIT: a larger output takes the Python path
   etm_torch lib;  // the libtorch functions and the dtypes served
   PyObject* ctx;         // the ShimContext: `running` is read and set around the run
   PyObject* acquire;     // ctx.run_lock.acquire / .release

@@ -38,6 +38,7 @@ from .abi_codes import ITEMSIZE, TORCH_TO_DTYPE
 from .model_link import WARNINGS, NativeBuildError, build_files
 from .native_fallbacks import libtorch_cpu
 from .native_tensors import HEADER, MAX_DIMS, NDTYPES
+from .steady_run import COPY_LIMIT
 
 SOURCE = Path(__file__).with_name("fast_run.c")
 # the extension's units (the call, its construction and module, the tensors it reads and
@@ -164,6 +165,7 @@ def build(
         fallback,
         finish,
         steady,
+        COPY_LIMIT,
         *checks,
         guard,
         None if guard_owner is None else weakref.ref(guard_owner),

@@ -42,15 +42,18 @@ static void fast_dealloc(FastRun* self) {
 static PyObject* fast_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   static char* names[] = {"call", "etm_run", "armed", "fns", "itemsize", "tensor_type",
                           "ctx", "lock", "model_ref", "fallback", "finish", "keepalive",
-                          "expect_in", "expect_out", "guard", "guard_owner", NULL};
+                          "copy_limit", "expect_in", "expect_out", "guard", "guard_owner",
+                          NULL};
   unsigned long long call, etm_run, armed;
+  long long copy_limit;
   PyObject *fns, *tensor_type, *ctx, *lock, *model_ref, *fallback, *finish, *keepalive;
   PyObject *expect_in = Py_None, *expect_out = Py_None, *guard = Py_None, *owner = Py_None;
   Py_buffer sizes;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKO!y*O!OOOOOO|OOOO", names, &call, &etm_run,
-                                   &armed, &PyTuple_Type, &fns, &sizes, &PyType_Type,
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKO!y*O!OOOOOOL|OOOO", names, &call,
+                                   &etm_run, &armed, &PyTuple_Type, &fns, &sizes, &PyType_Type,
                                    &tensor_type, &ctx, &lock, &model_ref, &fallback, &finish,
-                                   &keepalive, &expect_in, &expect_out, &guard, &owner))
+                                   &keepalive, &copy_limit, &expect_in, &expect_out, &guard,
+                                   &owner))
     return NULL;
   if (sizes.len != ETM_NDTYPES || PyTuple_GET_SIZE(fns) != F_COUNT || !call || !etm_run ||
       !armed) {
@@ -64,6 +67,7 @@ static PyObject* fast_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) 
     return NULL;
   }
   self->vectorcall = etm_fast_call;
+  self->copy_limit = copy_limit;
   self->release_gil = RELEASE_RUNS;  // until runs show they are short
   memcpy(self->lib.itemsize, sizes.buf, ETM_NDTYPES);
   PyBuffer_Release(&sizes);
