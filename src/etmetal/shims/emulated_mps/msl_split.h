@@ -40,33 +40,37 @@ inline T* slots(uint32_t n) {
   return static_cast<T*>(grow(&buf, &cap, sizeof(T) * (n ? n : 1)));
 }
 
-// The thread records of threadgroup `g`, in thread_index_in_threadgroup order: the same fields
-// the dispatcher gives a fiber-run thread (msl_dispatch.cpp's run_fibers).
-inline const etm_msl_thread* threads(const etm_msl_thread* g, uint32_t* count) {
-  static thread_local void* buf = nullptr;
-  static thread_local size_t cap = 0;
-  const uint32_t n = g->tg_size[0] * g->tg_size[1] * g->tg_size[2];
-  etm_msl_thread* recs =
-      static_cast<etm_msl_thread*>(grow(&buf, &cap, sizeof(etm_msl_thread) * (n ? n : 1)));
+// The threads of threadgroup `g` in thread_index_in_threadgroup order: `body(thread, i)` with
+// one record updated in place (the fields the dispatcher gives a fiber-run thread, as
+// msl_dispatch.cpp's run_fibers fills them). No array of records: a region's loop touches only
+// the fields its kernel reads once the body is inlined.
+template <class F>
+inline void each(const etm_msl_thread* g, F&& body) {
+  etm_msl_thread t = *g;
   uint32_t i = 0;
-  for (uint32_t z = 0; z < g->tg_size[2]; z++)
-    for (uint32_t y = 0; y < g->tg_size[1]; y++)
+  for (uint32_t z = 0; z < g->tg_size[2]; z++) {
+    t.tg_pos[2] = z;
+    t.grid_pos[2] = g->tg_id[2] * g->dispatch_tg_size[2] + z;
+    for (uint32_t y = 0; y < g->tg_size[1]; y++) {
+      t.tg_pos[1] = y;
+      t.grid_pos[1] = g->tg_id[1] * g->dispatch_tg_size[1] + y;
+      const uint32_t x0 = g->tg_id[0] * g->dispatch_tg_size[0];
       for (uint32_t x = 0; x < g->tg_size[0]; x++, i++) {
-        etm_msl_thread& t = recs[i];
-        t = *g;
-        const uint32_t p[3] = {x, y, z};
-        for (int d = 0; d < 3; d++) {
-          t.tg_pos[d] = p[d];
-          t.grid_pos[d] = g->tg_id[d] * g->dispatch_tg_size[d] + p[d];
-        }
+        t.tg_pos[0] = x;
+        t.grid_pos[0] = x0 + x;
         t.index_in_tg = i;
         t.lane = i % ETM_MSL_SIMD_WIDTH;
         t.simd_index = i / ETM_MSL_SIMD_WIDTH;
         t.quad_index = i / 4;
         t.lane_in_quad = i % 4;
+        body(static_cast<const etm_msl_thread*>(&t), i);
       }
-  *count = n;
-  return recs;
+    }
+  }
+}
+
+inline uint32_t count(const etm_msl_thread* g) {
+  return g->tg_size[0] * g->tg_size[1] * g->tg_size[2];
 }
 
 template <class F>

@@ -45,7 +45,7 @@ def _sum_lines(k, st, binds, bind_in, inp, arg_in) -> list[str]:
         f"auto etm_a{k} = [&](const etm_msl_thread* etm_t{inp}) __attribute__((always_inline)) "
         f"{{ (void)etm_t; {binds} {bind_in} return {a}{{{d}({val}), unsigned({idx})}}; }};",
         f"{a}* etm_x{k} = etm::split::slots<{a}, {100 + k}>(etm_n);",
-        f"for (uint32_t i = 0; i < etm_n; i++) new (&etm_x{k}[i]) {a}(etm_a{k}(etm_th + i{arg_in}));",
+        _loop(f"new (&etm_x{k}[i]) {a}(etm_a{k}(etm_tt{arg_in}));"),
         f"{d}* etm_y{k} = etm::split::slots<{d}, {200 + k}>(etm_n);",
         f"auto etm_s{k} = []({d} v) __attribute__((always_inline)) {{ return {qual}{name}__etm_simd(v); }};",
         f"const bool etm_ok{k} = etm::split::tg_reduce({data}, etm_x{k}, etm_n, unsigned({size}), "
@@ -64,11 +64,11 @@ def _finish_lines(k, st, binds, bind_in, inp, call, last, live, text) -> list[st
     )
     qcall = call.replace(f"etm_r{k}(", f"etm_q{k}(")
     store = f"new (&etm_c{k}[i]) etm_L{k}({qcall});" if not last else f"{qcall};"
-    fcall = call.replace("etm_th + i", "etm_t").replace("[i]", "[etm_t->index_in_tg]")
+    fcall = call.replace("etm_tt", "etm_t").replace("[i]", "[etm_t->index_in_tg]")
     fstore = f"new (&etm_c{k}[etm_t->index_in_tg]) etm_L{k}({fcall});" if not last else f"{fcall};"
     lines += [
         f"if (etm_ok{k}) {{",
-        f"for (uint32_t i = 0; i < etm_n; i++) {store}",
+        _loop(store),
         f"}} else {{ auto etm_f{k} = [&](const etm_msl_thread* etm_t) {{ {fstore} }};",
         f"etm::split::fibers(etm_g, etm_f{k}); }}",
     ]
@@ -103,15 +103,38 @@ def _bindings(kernel: Kernel, positions: bool) -> str:
     return " ".join(out)
 
 
+def _loop(store: str) -> str:
+    """``store`` (naming the thread record ``etm_tt`` and its index ``i``) for every thread
+    of the threadgroup, in thread_index_in_threadgroup order (msl_split.h's ``each``)."""
+    return (
+        "etm::split::each(etm_g, [&](const etm_msl_thread* etm_tt, uint32_t i) "
+        f"__attribute__((always_inline)) {{ (void)etm_tt; (void)i; {store} }});"
+    )
+
+
+# `threadgroup T name[N]...;` with one declarator: the array is `static thread_local` (one per
+# OS thread, msl_parse.py), which a dlopen'ed library reaches through __tls_get_addr at every
+# use; a local reference taken once per threadgroup makes the regions' accesses plain loads
+_TG_DECL = re.compile(
+    r"^\s*threadgroup\s+([\w:<>, ]+?)\s+(\w+)\s*((?:\[[^\[\]]+\])+)\s*;\s*$", re.S
+)
+
+
+def _threadgroup_decl(text: str) -> str:
+    m = _TG_DECL.match(text)
+    if m is None:
+        return text
+    ty, name, dims = m.groups()
+    return f"threadgroup {ty} etm_tg_{name}{dims}; auto& {name} = etm_tg_{name};"
+
+
 def split_function(kernel, sts, segments, live, shared, helpers) -> str:
     name = re.sub(r".*::", "", kernel.call)
     binds = _bindings(kernel, positions=True)
     lines = [f"void {name}__etm_split(void* const* etm_a, const etm_msl_thread* etm_g) {{"]
     lines.append(_bindings(kernel, positions=False))
-    lines += [st.text for st in sts if st.threadgroup]  # threadgroup memory, once
-    lines.append(
-        "uint32_t etm_n; const etm_msl_thread* etm_th = etm::split::threads(etm_g, &etm_n);"
-    )
+    lines += [_threadgroup_decl(st.text) for st in sts if st.threadgroup]  # once
+    lines.append("const uint32_t etm_n = etm::split::count(etm_g);")
     prev = None  # the cut before the current segment
     for k, seg in enumerate(segments):
         text = " ".join(st.text for st in seg)
@@ -135,15 +158,15 @@ def split_function(kernel, sts, segments, live, shared, helpers) -> str:
             f"{{ (void)etm_t; {binds} {bind_in} {text} {out} }};"
         )
         arg_in = f", etm_c{prev}[i]" if prev is not None else ""
-        call = f"etm_r{k}(etm_th + i{arg_in})"
+        call = f"etm_r{k}(etm_tt{arg_in})"
         if not last:
-            sample = f"etm_r{k}(etm_th{', *etm_c' + str(prev) if prev is not None else ''})"
+            sample = f"etm_r{k}(etm_g{', *etm_c' + str(prev) if prev is not None else ''})"
             lines.append(f"using etm_L{k} = decltype({sample});")
             lines.append(f"etm_L{k}* etm_c{k} = etm::split::slots<etm_L{k}, {k}>(etm_n);")
         if seg[0].kind == "lockstep":
             lines += _lockstep_lines(k, prev, seg[0], binds, bind_in, inp, call, last, live)
         elif seg[0].kind == "fibers":
-            fcall = call.replace("etm_th + i", "etm_t").replace("[i]", "[etm_t->index_in_tg]")
+            fcall = call.replace("etm_tt", "etm_t").replace("[i]", "[etm_t->index_in_tg]")
             store = (
                 f"new (&etm_c{k}[etm_t->index_in_tg]) etm_L{k}({fcall});"
                 if not last
@@ -153,7 +176,7 @@ def split_function(kernel, sts, segments, live, shared, helpers) -> str:
             lines.append(f"etm::split::fibers(etm_g, etm_f{k});")
         else:
             store = f"new (&etm_c{k}[i]) etm_L{k}({call});" if not last else f"{call};"
-            lines.append(f"for (uint32_t i = 0; i < etm_n; i++) {store}")
+            lines.append(_loop(store))
         if not last:
             prev = k
     lines.append("}")
