@@ -366,6 +366,7 @@ def build_library(
         for k in kernels:
             if k.path == "split":
                 k.path, k.path_reason = "fibers", "its split code did not compile"
+                k.batch = False
         try:
             so = _build(rewrite(text) + entry_source(kernels, loops=True), described, kernels)
         except NativeBuildError as e2:

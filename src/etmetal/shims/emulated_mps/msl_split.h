@@ -18,6 +18,9 @@ inline void etm_msl_no_barrier(T&&...) {}
 
 namespace etm::split {
 
+// The threadgroups a batch entry runs at once (generated code is preprocessed: no macros).
+constexpr uint32_t kBatch = ETM_MSL_BATCH;
+
 // Per OS thread memory that only grows (no <vector>: every library's preprocessing pays for
 // the headers this one includes).
 inline void* grow(void** buf, size_t* cap, size_t bytes) {
@@ -83,6 +86,29 @@ void phase_entry(void* const* closure, const etm_msl_thread* t) {
 template <class F>
 inline void fibers(const etm_msl_thread* g, F& body) {
   etm_msl_fiber_phase(g, &phase_entry<F>, reinterpret_cast<void* const*>(&body));
+}
+
+// ---- c10's threadgroup_welford_reduce for a batch of threadgroups (msl_split.py's BATCHED) --
+// The helper is one serial chain per threadgroup (each step divides by the count so far), so
+// one threadgroup at a time waits on the divider at every step; run for the k threadgroups of
+// a batch interleaved, the chains overlap. Each threadgroup's chain is the helper's own, step
+// for step and rounding for rounding (its text is recognised by digest): `arrays[b]` is the
+// threadgroup memory of threadgroup b, `size` the helper's argument, out[b] its result.
+template <class A>
+inline void threadgroup_welford_reduce_batch(A& arrays, uint32_t k, unsigned size, float3* out) {
+  float m[ETM_MSL_BATCH], m2[ETM_MSL_BATCH];
+  for (uint32_t b = 0; b < k; b++) {
+    m[b] = arrays[b][0];
+    m2[b] = 0;
+  }
+  for (unsigned idx = 1; idx < size; ++idx) {
+    for (uint32_t b = 0; b < k; b++) {
+      float delta = arrays[b][idx] - m[b];
+      m[b] += delta / (idx + 1);
+      m2[b] += delta * (arrays[b][idx] - m[b]);
+    }
+  }
+  for (uint32_t b = 0; b < k; b++) out[b] = float3(m[b], m2[b], size);
 }
 
 // ---- c10's threadgroup reductions with the lanes of each SIMD group in lockstep ------------

@@ -60,6 +60,11 @@ LOCKSTEP = {
     "threadgroup_max": ("simd_max", {"11157ee8b2e093d5"}),
     "threadgroup_min": ("simd_min", {"7af72b68edbf8bec"}),
 }
+# c10's helpers whose threadgroups a batch entry runs together (msl_split.h's NAME_batch),
+# recognised by the digest of their text like LOCKSTEP's
+BATCHED = {"threadgroup_welford_reduce": {"2b4bf7821372b73d"}}
+# a threadgroup array a batch can give each threadgroup its own copy of
+_TG_ARRAY_1D = re.compile(r"^\s*threadgroup\s+[\w:]+\s+\w+\s*\[\s*\d+u?\s*\]\s*;\s*$")
 # an assignment (or ++/--) whose target ends in `name`, a member or a subscript of it
 _ASSIGN_OPS = r"(?:=(?!=)|[-+*/%&|^]=|<<=|>>=|\+\+|--)"
 
@@ -83,6 +88,7 @@ class SplitPlan:
     code: str = ""  # the split function (after the kernel's definition)
     helpers: dict[str, str] = field(default_factory=dict)  # helper name -> its uniform copy
     lockstep: set[str] = field(default_factory=set)  # c10 reductions it runs in lockstep
+    batch: bool = False  # also a batch entry (BATCHED)
 
 
 def statements(body: str) -> list[str]:
@@ -340,9 +346,37 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
             if d.array or "&" in d.decl_type:
                 return SplitPlan("fibers", f"the local '{n}' lives across a barrier and is an "
                                  "array or a reference")  # fmt: skip
-    code = split_function(kernel, sts, segments, live, shared, helpers)
+    batch = _batch_plan(sts, shared, text, bodies)
+    code = split_function(kernel, sts, segments, live, shared, helpers, batch)
     reason = "; ".join(fiber_notes)
-    return SplitPlan("split", reason, code, helpers, lockstep)
+    return SplitPlan("split", reason, code, helpers, lockstep, batch is not None)
+
+
+def _batch_plan(sts: list[Statement], shared: set[str], text: str, bodies: dict):
+    """(statement, array, size, helper) when the kernel's one synchronising statement other
+    than barriers is a shared call of a BATCHED helper over one of its threadgroup arrays
+    with a literal size, every threadgroup array a plain one-dimensional declaration; else
+    None (the kernel runs one threadgroup at a time)."""
+    syncs = [st for st in sts if st.sync and st.kind != "barrier"]
+    if len(syncs) != 1 or syncs[0].kind != "uniform" or syncs[0].declares not in shared:
+        return None
+    st = syncs[0]
+    m = re.fullmatch(r"[^=;]*=\s*(?:::)?(?:\w+::)*(\w+)\s*\((?P<args>.*)\)\s*;", st.text, re.S)
+    if m is None or m.group(1) not in BATCHED:
+        return None
+    name = m.group(1)
+    defs = bodies.get(name, [])
+    if not defs or any(_digest(text[a : b + 1]) not in BATCHED[name] for a, b in defs):
+        return None
+    args = [x.strip() for x in _split_top(m.group("args"))]
+    arrays = [s for s in sts if s.threadgroup]
+    if len(args) != 2 or not re.fullmatch(r"\d+u?", args[1]):
+        return None
+    if args[0] not in {s.declares for s in arrays} or not all(
+        _TG_ARRAY_1D.match(s.text) for s in arrays
+    ):
+        return None
+    return st, args[0], args[1], name
 
 
 def _digest(body: str) -> str:
@@ -385,6 +419,7 @@ def apply(text: str, kernels: list[Kernel], tainted: set[str]) -> str:
             continue
         p = plan(k, text, tainted, bodies)
         k.path, k.path_reason = p.path, p.reason
+        k.batch = p.batch
         if p.path != "split":
             continue
         inserts[k.end] = inserts.get(k.end, "") + p.code + "\n"

@@ -128,19 +128,88 @@ def _threadgroup_decl(text: str) -> str:
     return f"threadgroup {ty} etm_tg_{name}{dims}; auto& {name} = etm_tg_{name};"
 
 
-def split_function(kernel, sts, segments, live, shared, helpers) -> str:
+def split_function(kernel, sts, segments, live, shared, helpers, batch=None) -> str:
+    """The split function; with ``batch`` (msl_split.py's ``_batch_plan``: the one uniform
+    statement, its threadgroup array and size) also ``NAME__etm_batch`` (below)."""
+    code = _split_body(kernel, sts, segments, live, shared, helpers, None)
+    if batch is None:
+        return code
+    return "\n".join(
+        [
+            code,
+            _split_body(kernel, sts, segments, live, shared, helpers, batch),
+            _batch(kernel, batch),
+        ]
+    )
+
+
+def _batch_arrays(kernel, sts) -> list[tuple[str, str, str]]:
+    """(type, name, dims) of the kernel's threadgroup arrays (each a plain declaration)."""
+    return [_TG_DECL.match(st.text).groups() for st in sts if st.threadgroup]
+
+
+def _batch(kernel, batch) -> str:
+    """``NAME__etm_batch(args, groups, k)``: up to ETM_MSL_BATCH threadgroups at once. Each
+    runs its regions up to the uniform statement (its own threadgroup memory and kept locals),
+    the c10 reduction runs for all of them interleaved (msl_split.h), then each runs the rest.
+    Metal gives threadgroups no order, so this order is as exact as one after another."""
+    name = re.sub(r".*::", "", kernel.call)
+    _st, array, size, fn = batch
+    return "\n".join(
+        [
+            f"void {name}__etm_batch(void* const* etm_a, const etm_msl_thread* etm_gs, "
+            "uint32_t etm_k) {",
+            f"for (uint32_t b = 0; b < etm_k; b++) {name}__etm_part(etm_a, etm_gs + b, b, 0, nullptr);",
+            "float3 etm_u[etm::split::kBatch];",
+            f"etm::split::{fn}_batch(etm_tgb_{name}_{array}, etm_k, unsigned({size}), etm_u);",
+            f"for (uint32_t b = 0; b < etm_k; b++) {name}__etm_part(etm_a, etm_gs + b, b, 1, etm_u);",
+            "}",
+        ]
+    )
+
+
+def _split_body(kernel, sts, segments, live, shared, helpers, batch) -> str:
+    """The split function, or with ``batch`` the part of it one threadgroup of a batch runs:
+    part 0 up to the uniform statement, part 1 from it (given its value in ``etm_u``)."""
     name = re.sub(r".*::", "", kernel.call)
     binds = _bindings(kernel, positions=True)
-    lines = [f"void {name}__etm_split(void* const* etm_a, const etm_msl_thread* etm_g) {{"]
-    lines.append(_bindings(kernel, positions=False))
-    lines += [_threadgroup_decl(st.text) for st in sts if st.threadgroup]  # once
+    if batch is None:
+        lines = [f"void {name}__etm_split(void* const* etm_a, const etm_msl_thread* etm_g) {{"]
+        lines.append(_bindings(kernel, positions=False))
+        lines += [_threadgroup_decl(st.text) for st in sts if st.threadgroup]  # once
+    else:
+        # threadgroup memory per batch slot, outside the function so the batch reaches it
+        lines = [
+            f"threadgroup {ty} etm_tgb_{name}_{arr}[etm::split::kBatch]{dims};"
+            for ty, arr, dims in _batch_arrays(kernel, sts)
+        ]
+        lines.append(
+            f"static void {name}__etm_part(void* const* etm_a, const etm_msl_thread* etm_g, "
+            "uint32_t etm_b, int etm_part, const float3* etm_u) {"
+        )
+        lines.append(_bindings(kernel, positions=False))
+        lines += [
+            f"auto& {arr} = etm_tgb_{name}_{arr}[etm_b];"
+            for _, arr, _ in _batch_arrays(kernel, sts)
+        ]
     lines.append("const uint32_t etm_n = etm::split::count(etm_g);")
+    if batch is not None:
+        # each slot's kept locals apart: a threadgroup has at most the dispatch's group size
+        lines.append(
+            "const uint32_t etm_stride = etm_g->dispatch_tg_size[0] * etm_g->dispatch_tg_size[1]"
+            " * etm_g->dispatch_tg_size[2];"
+        )
+    before = batch is not None  # part 0's segments: before the uniform statement
     prev = None  # the cut before the current segment
     for k, seg in enumerate(segments):
         text = " ".join(st.text for st in seg)
         for h in helpers:
             text = re.sub(rf"\b{h}\b(?=\s*\()", f"{h}__etm_u", text)
         if seg[0].kind == "uniform" and seg[0].declares in shared:
+            if batch is not None and seg[0] is batch[0]:
+                lines.append("if (etm_part == 0) return;")
+                before = False
+                text = re.sub(r"=.*;\s*$", "= etm_u[etm_b];", text, count=1, flags=re.S)
             lines.append(re.sub(r"^\s*(?:const\s+)?", "const ", text, count=1))
             continue
         last = k == len(segments) - 1
@@ -162,7 +231,13 @@ def split_function(kernel, sts, segments, live, shared, helpers) -> str:
         if not last:
             sample = f"etm_r{k}(etm_g{', *etm_c' + str(prev) if prev is not None else ''})"
             lines.append(f"using etm_L{k} = decltype({sample});")
-            lines.append(f"etm_L{k}* etm_c{k} = etm::split::slots<etm_L{k}, {k}>(etm_n);")
+            if batch is None:
+                lines.append(f"etm_L{k}* etm_c{k} = etm::split::slots<etm_L{k}, {k}>(etm_n);")
+            else:
+                lines.append(
+                    f"etm_L{k}* etm_c{k} = etm::split::slots<etm_L{k}, {k}>(etm_stride * "
+                    "etm::split::kBatch) + etm_b * etm_stride;"
+                )
         if seg[0].kind == "lockstep":
             lines += _lockstep_lines(k, prev, seg[0], binds, bind_in, inp, call, last, live)
         elif seg[0].kind == "fibers":
@@ -176,7 +251,7 @@ def split_function(kernel, sts, segments, live, shared, helpers) -> str:
             lines.append(f"etm::split::fibers(etm_g, etm_f{k});")
         else:
             store = f"new (&etm_c{k}[i]) etm_L{k}({call});" if not last else f"{call};"
-            lines.append(_loop(store))
+            lines.append(("if (etm_part == 0) " if before else "") + _loop(store))
         if not last:
             prev = k
     lines.append("}")

@@ -1,0 +1,99 @@
+"""Split kernels whose threadgroups run in batches (msl_split.py's BATCHED, msl_split.h).
+
+A kernel whose only synchronising statement is c10's ``threadgroup_welford_reduce`` over one
+threadgroup array (Inductor's layer norms) runs up to 8 threadgroups at once: each its regions
+with its own threadgroup memory, the reduction of all of them interleaved. Each test compares
+the batched run with the same library on fibers (``split=False``) bit for bit and with numpy:
+a grid of one threadgroup (no batch), a full batch and a partial one, and a grid large enough
+to be shared between OS threads, on 1 and 2 threads; then what is not batched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from etmetal.shims.emulated_mps import compile_library
+
+ROW = 40  # threads per threadgroup: one row each
+
+NORM = """
+#include <c10/metal/reduction_utils.h>
+#include <metal_stdlib>
+using namespace metal;
+kernel void row_norm(device float* out [[buffer(0)]], constant float* x [[buffer(1)]],
+                     uint2 pos [[thread_position_in_grid]],
+                     uint2 lid [[thread_position_in_threadgroup]],
+                     uint2 tg [[threadgroup_position_in_grid]]) {
+  threadgroup float acc[ROW];
+  float v = x[pos.x * ROW + pos.y] * 1.5f;
+  acc[lid.y] = v;
+  auto w = c10::metal::threadgroup_welford_reduce(acc, ROW);
+  out[pos.x * ROW + pos.y] = (v - w.x) / (w.y + 1.0f) + float(tg.x) + w.z;
+}
+""".replace("ROW", str(ROW))
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def workers(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def _run(fn, rows: int, x: torch.Tensor) -> torch.Tensor:
+    out = torch.full((rows, ROW), float("nan"))
+    fn.dispatch({0: out.data_ptr(), 1: x.data_ptr()}, threads=(rows, ROW), group=(1, ROW))
+    return out
+
+
+def _reference(x: np.ndarray) -> np.ndarray:
+    v = x.astype(np.float64) * 1.5
+    mean = v.mean(1, keepdims=True)
+    m2 = ((v - mean) ** 2).sum(1, keepdims=True)
+    return (v - mean) / (m2 + 1.0) + np.arange(len(x))[:, None] + ROW
+
+
+# 1 threadgroup (no batch), 8 + 3 (a full batch and a partial one), and 450 threadgroups
+# (18000 threads: shared between OS threads in batches when there are two)
+@pytest.mark.parametrize("rows", [1, 11, 450])
+# a top-level barrier is only a cut between two regions: batched too
+@pytest.mark.parametrize("barrier", [False, True], ids=["", "with-a-barrier"])
+def test_welford_threadgroups_in_batches_match_fibers_bit_for_bit(rows, barrier, workers):
+    source = NORM
+    if barrier:
+        source = NORM.replace(
+            "auto w = ", "threadgroup_barrier(mem_flags::mem_threadgroup);\n  auto w = "
+        )
+    batched = compile_library(source).function("row_norm")
+    fibers = compile_library(source, split=False).function("row_norm")
+    assert batched.path == "split" and batched.batched
+    assert fibers.path == "fibers" and not fibers.batched
+    x = torch.randn(rows, ROW, generator=torch.Generator().manual_seed(rows))
+    got, ref = _run(batched, rows, x), _run(fibers, rows, x)
+    assert torch.equal(got, ref)
+    np.testing.assert_allclose(got.numpy(), _reference(x.numpy()), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # a size that is not a literal
+        (
+            "threadgroup_welford_reduce(acc, ROW)",
+            "threadgroup_welford_reduce(acc, uint(x[0] * 0) + ROW)",
+        ),
+        # a second reduction
+        ("+ w.z;", "+ c10::metal::threadgroup_welford_reduce(acc, ROW).z;"),
+    ],
+    ids=["computed-size", "two-reductions"],
+)
+def test_what_is_not_batched_still_splits_and_matches_fibers(change):
+    source = NORM.replace(change[0].replace("ROW", str(ROW)), change[1].replace("ROW", str(ROW)))
+    split = compile_library(source).function("row_norm")
+    fibers = compile_library(source, split=False).function("row_norm")
+    assert split.path == "split" and not split.batched
+    x = torch.randn(11, ROW, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(_run(split, 11, x), _run(fibers, 11, x))
