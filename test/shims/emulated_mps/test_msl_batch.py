@@ -97,3 +97,42 @@ def test_what_is_not_batched_still_splits_and_matches_fibers(change):
     assert split.path == "split" and not split.batched
     x = torch.randn(11, ROW, generator=torch.Generator().manual_seed(5))
     assert torch.equal(_run(split, 11, x), _run(fibers, 11, x))
+
+
+# c10's threadgroup_max/min/sum of a float in lockstep: tg_reduce computes the SIMD operation's
+# value at once (msl_split.h's fold_*) when c10's simd functions are the text it knows
+REDUCE = """
+#include <c10/metal/reduction_utils.h>
+#include <metal_stdlib>
+using namespace metal;
+kernel void reduce_rows(device float* out [[buffer(0)]], constant float* x [[buffer(1)]],
+                        uint i [[thread_position_in_grid]],
+                        uint lid [[thread_index_in_threadgroup]],
+                        uint n [[threads_per_threadgroup]]) {
+  threadgroup float scratch[32];
+  float v = x[i];
+  auto r = c10::metal::threadgroup_OP(scratch, v, lid, n);
+  out[i] = r + float(lid);
+}
+"""
+
+
+@pytest.mark.parametrize("op", ["max", "min", "sum"])
+def test_c10_float_reductions_fold_at_once_and_match_fibers_with_nans(op, workers):
+    source = REDUCE.replace("OP", op)
+    split = compile_library(source).function("reduce_rows")
+    fibers = compile_library(source, split=False).function("reduce_rows")
+    assert split.path == "split" and split.path_reason == ""
+    code = (split.library.path.parent / "library.cpp").read_text()
+    assert f"tg_reduce<etm::split::fold_{op}>" in code
+    n, group = 300, 100  # SIMD groups of 32 and 4 lanes; the last threadgroup is full
+    x = torch.randn(n, generator=torch.Generator().manual_seed(7))
+    x[150] = float("nan")  # one NaN in the middle threadgroup: max/min give NaN there
+    got, ref = torch.zeros(n), torch.zeros(n)
+    for fn, out in ((split, got), (fibers, ref)):
+        fn.dispatch({0: out.data_ptr(), 1: x.data_ptr()}, threads=(n,), group=(group,))
+    assert torch.equal(got.isnan(), ref.isnan())
+    assert torch.equal(got.nan_to_num(), ref.nan_to_num())
+    rows = x.numpy().reshape(-1, group).astype(np.float64)
+    want = {"max": np.max, "min": np.min, "sum": np.sum}[op](rows, 1, keepdims=True)
+    np.testing.assert_allclose(got.numpy().reshape(-1, group), want + np.arange(group), rtol=1e-5)

@@ -123,9 +123,57 @@ struct tg_arg {
   unsigned idx;
 };
 
-template <class V, class R, class S>
+// c10's simd_sum/max/min of a float, recognised by the digests of their text (msl_split.py's
+// FOLDS): what msl_sync.h's reduce gives every active lane (in lane order, the same operator),
+// after c10's NaN test for max and min, computed at once instead of replayed lane by lane.
+struct fold_none {
+  template <class V>
+  static constexpr bool exact = false;
+  template <class V>
+  V operator()(const V*, uint32_t) const { return V{}; }
+};
+template <class Op>
+struct fold_float {
+  template <class V>
+  static constexpr bool exact = std::is_same_v<V, float>;
+  template <class V>
+  V operator()(const V* vals, uint32_t active) const {
+    bool first = true;
+    V r{};
+    for (uint32_t l = 0; l < ETM_MSL_SIMD_WIDTH; l++) {
+      if (!((active >> l) & 1u)) continue;
+      if (Op::nan_test && ::metal::isnan(vals[l])) return ::metal::numeric_limits<V>::quiet_NaN();
+      r = first ? vals[l] : V(Op{}(r, vals[l]));
+      first = false;
+    }
+    return r;
+  }
+};
+struct fold_sum_op {
+  static constexpr bool nan_test = false;
+  float operator()(float a, float b) const { return a + b; }
+};
+struct fold_max_op {
+  static constexpr bool nan_test = true;
+  float operator()(float a, float b) const { return ::metal::max(a, b); }
+};
+struct fold_min_op {
+  static constexpr bool nan_test = true;
+  float operator()(float a, float b) const { return ::metal::min(a, b); }
+};
+using fold_sum = fold_float<fold_sum_op>;
+using fold_max = fold_float<fold_max_op>;
+using fold_min = fold_float<fold_min_op>;
+
+template <class Fold = fold_none, class V, class R, class S>
 inline bool lockstep(S& simd, const V* vals, uint32_t active, R* results, uint32_t need) {
   constexpr uint32_t W = ETM_MSL_SIMD_WIDTH;
+  if constexpr (Fold::template exact<V> && std::is_same_v<R, V>) {
+    const V r = Fold{}(vals, active);
+    for (uint32_t l = 0; l < W; l++)
+      if ((active & need) >> l & 1u) results[l] = r;
+    return true;
+  }
   for (uint32_t p = 0;; p++) {
     uint32_t most = 0;
     for (uint32_t l = 0; l < W; l++) {
@@ -156,7 +204,7 @@ inline bool lockstep(S& simd, const V* vals, uint32_t active, R* results, uint32
 // SIMD groups reduce those (their SIMD groups' active lanes) and idx 0 stores the total; a
 // barrier; every thread reads data[0]. Returns false, having done nothing, when `simd` is not
 // a single SIMD operation.
-template <class D, class S>
+template <class Fold = fold_none, class D, class S>
 inline bool tg_reduce(D* data, const tg_arg<D>* args, uint32_t n, unsigned size, S simd, D* out) {
   constexpr uint32_t W = ETM_MSL_SIMD_WIDTH;
   const uint32_t nsimd = (n + W - 1) / W;
@@ -170,7 +218,7 @@ inline bool tg_reduce(D* data, const tg_arg<D>* args, uint32_t n, unsigned size,
       vals[l] = args[base + l].val;
       need |= uint32_t(args[base + l].idx % W == 0) << l;
     }
-    if (!lockstep(simd, vals, active, res, need)) return false;
+    if (!lockstep<Fold>(simd, vals, active, res, need)) return false;
     for (uint32_t l = 0; l < cnt; l++)
       if (args[base + l].idx % W == 0) data[args[base + l].idx / W] = res[l];
   }
@@ -189,7 +237,7 @@ inline bool tg_reduce(D* data, const tg_arg<D>* args, uint32_t n, unsigned size,
         vals[l] = stage[base + l];
       }
       if (active == 0) continue;
-      if (!lockstep(simd, vals, active, res, need)) return false;
+      if (!lockstep<Fold>(simd, vals, active, res, need)) return false;
       for (uint32_t l = 0; l < cnt; l++)
         if (((active >> l) & 1u) && args[base + l].idx == 0) data[0] = res[l];
     }

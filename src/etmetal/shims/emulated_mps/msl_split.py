@@ -60,6 +60,23 @@ LOCKSTEP = {
     "threadgroup_max": ("simd_max", {"11157ee8b2e093d5"}),
     "threadgroup_min": ("simd_min", {"7af72b68edbf8bec"}),
 }
+# c10's SIMD reductions whose value tg_reduce computes at once for a float (msl_split.h's
+# fold_*) instead of replaying them: the digests of every definition of the name in the
+# library (c10's overloads and msl_sync.h's own), as this torch has them
+FOLDS = {
+    "simd_sum": (
+        "fold_sum",
+        {"02cb129ab03ee4e7", "20584c28b9307d7f", "4766a60aed20f7e6", "967f2f3bb305c3f4"},
+    ),
+    "simd_max": (
+        "fold_max",
+        {"094e2089c7de0f57", "6cf3bbb117dbb151", "86aa436e689b3998", "e3c53b9a2e27bc73"},
+    ),
+    "simd_min": (
+        "fold_min",
+        {"4e5514b03fda1359", "61ea0b9236d614f9", "65f6ebeb8aeed59a", "c0e56fdc92d8b41b"},
+    ),
+}
 # c10's helpers whose threadgroups a batch entry runs together (msl_split.h's NAME_batch),
 # recognised by the digest of their text like LOCKSTEP's
 BATCHED = {"threadgroup_welford_reduce": {"2b4bf7821372b73d"}}
@@ -79,6 +96,7 @@ class Statement:
     threadgroup: bool = False  # threadgroup memory: one per threadgroup, hoisted
     kind: str = "plain"  # plain, barrier, uniform (a uniform helper), lockstep, fibers
     call: tuple[str, str, list[str]] = ("", "", [])  # lockstep: qualifier, helper, arguments
+    fold: str = "fold_none"  # lockstep: how tg_reduce computes its SIMD operation (FOLDS)
 
 
 @dataclass
@@ -401,6 +419,11 @@ def _lockstep_call(st: Statement, whole: re.Match, name: str, text, bodies, vary
     if any(re.search(_ASSIGN_OPS, x) for x in (val, idx)) or not re.fullmatch(r"[\w:.]+", data):
         return False
     st.call = (whole.group("qual"), name, args)
+    op = LOCKSTEP[name][0]
+    if op in FOLDS:
+        op_defs = bodies.get(op, [])
+        if op_defs and all(_digest(text[a : b + 1]) in FOLDS[op][1] for a, b in op_defs):
+            st.fold = FOLDS[op][0]
     return True
 
 

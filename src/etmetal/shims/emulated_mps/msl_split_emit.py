@@ -48,7 +48,8 @@ def _sum_lines(k, st, binds, bind_in, inp, arg_in) -> list[str]:
         _loop(f"new (&etm_x{k}[i]) {a}(etm_a{k}(etm_tt{arg_in}));"),
         f"{d}* etm_y{k} = etm::split::slots<{d}, {200 + k}>(etm_n);",
         f"auto etm_s{k} = []({d} v) __attribute__((always_inline)) {{ return {qual}{name}__etm_simd(v); }};",
-        f"const bool etm_ok{k} = etm::split::tg_reduce({data}, etm_x{k}, etm_n, unsigned({size}), "
+        f"const bool etm_ok{k} = etm::split::tg_reduce<etm::split::{st.fold}>({data}, etm_x{k}, "
+        f"etm_n, unsigned({size}), "
         f"etm_s{k}, etm_y{k});",
     ]
 
