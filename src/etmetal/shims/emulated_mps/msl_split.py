@@ -97,6 +97,7 @@ class Statement:
     kind: str = "plain"  # plain, barrier, uniform (a uniform helper), lockstep, fibers
     call: tuple[str, str, list[str]] = ("", "", [])  # lockstep: qualifier, helper, arguments
     fold: str = "fold_none"  # lockstep: how tg_reduce computes its SIMD operation (FOLDS)
+    exit_deps: list[str] = field(default_factory=list)  # exit: the declarations it reads
 
 
 @dataclass
@@ -273,8 +274,12 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
         if _assigned(pn, body, subscripts=False):
             return SplitPlan("fibers", f"the parameter '{pn}' is assigned")
     last_sync = max(i for i, st in enumerate(sts) if st.sync)
+    first_sync = min(i for i, st in enumerate(sts) if st.sync)
     for i, st in enumerate(sts[:last_sync]):
         if re.search(r"\breturn\b", st.text):
+            if i < first_sync and _uniform_exit(st, sts[:i], kernel):
+                st.kind = "exit"  # every thread or none: once per threadgroup, before all
+                continue
             return SplitPlan("fibers", f"a return before a barrier (statement {i + 1})")
     locals_ = {st.declares for st in sts if st.declares and not st.threadgroup}
     # positions that differ between the threads of a threadgroup
@@ -329,7 +334,7 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
     # the live locals at each cut, and the regions between
     segments: list[list[Statement]] = [[]]
     for st in sts:
-        if st.threadgroup:
+        if st.threadgroup or st.kind == "exit":
             continue  # hoisted
         if st.kind == "plain":
             segments[-1].append(st)
@@ -370,13 +375,73 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
     return SplitPlan("split", reason, code, helpers, lockstep, batch is not None)
 
 
+_EXIT = re.compile(r"if\s*\((?P<cond>[^;{}]*)\)\s*(?:return\s*;|\{\s*return\s*;\s*\})", re.S)
+_SIDE_EFFECT = re.compile(r"(?<![=!<>])=(?!=)|\+\+|--|[-+*/%&|^]=|<<=|>>=")
+# words of an expression that name no value: keywords, types, casts
+_NOT_VALUES = {
+    "auto", "const", "int", "uint", "long", "ulong", "short", "ushort", "char", "uchar", "bool",
+    "float", "half", "bfloat", "unsigned", "signed", "static_cast", "true", "false", "size_t",
+}  # fmt: skip
+
+
+def _values(expr: str) -> set[str]:
+    """The names an expression reads: not its calls' and namespaces' names, not members."""
+    expr = re.sub(r"\b[A-Za-z_]\w*\s*(?=\(|::)", " ", expr)  # calls and qualifiers
+    expr = re.sub(r"\.\s*[A-Za-z_]\w*", " ", expr)  # .member
+    expr = re.sub(r"\b\d[\w.]*", " ", expr)  # literals (1e-05f, 0x1f)
+    return set(_IDENT.findall(expr)) - _NOT_VALUES
+
+
+def _uniform_exit(st: Statement, before: list[Statement], kernel: Kernel) -> bool:
+    """Whether ``st`` is ``if (cond) return;`` whose condition is the same for every thread of
+    a threadgroup and can be tested before anything else: every statement before it declares a
+    local without any other effect, and the condition reads only read-only buffers, uniform
+    positions and locals computed from those (Inductor's bounds test of an embedding index).
+    Every thread then returns or none does, which one test per threadgroup decides."""
+    m = _EXIT.fullmatch(st.text.strip())
+    if m is None or _SIDE_EFFECT.search(m.group("cond")):
+        return False
+    uniform = {
+        p.name
+        for p in kernel.params
+        if (p.buffer is not None and re.match(r"\s*const\b", p.type) and "*" in p.type)
+        or p.position in UNIFORM_POSITIONS
+    }
+    decls: dict[str, Statement] = {}
+    for b in before:
+        if b.threadgroup:
+            continue
+        if not b.declares or b.array or "=" not in b.text:
+            return False
+        init = b.text[b.text.index("=") + 1 :]
+        if _SIDE_EFFECT.search(init):
+            return False  # an assignment or increment: an effect the test would skip
+        decls[b.declares] = b
+        if _values(init) <= uniform:
+            uniform.add(b.declares)
+    needed = _values(m.group("cond"))
+    if not needed <= uniform:
+        return False
+    deps: list[str] = []
+    todo = [n for n in needed if n in decls]
+    while todo:
+        n = todo.pop()
+        if n in deps:
+            continue
+        deps.append(n)
+        init = decls[n].text[decls[n].text.index("=") + 1 :]
+        todo += [v for v in _values(init) if v in decls]
+    st.exit_deps = [b.text for b in before if b.declares in deps]
+    return True
+
+
 def _batch_plan(sts: list[Statement], shared: set[str], text: str, bodies: dict):
     """(statement, array, size, helper) when the kernel's one synchronising statement other
     than barriers is a shared call of a BATCHED helper over one of its threadgroup arrays
     with a literal size, every threadgroup array a plain one-dimensional declaration; else
     None (the kernel runs one threadgroup at a time)."""
     syncs = [st for st in sts if st.sync and st.kind != "barrier"]
-    if len(syncs) != 1 or syncs[0].kind != "uniform" or syncs[0].declares not in shared:
+    if any(st.kind == "exit" for st in sts) or len(syncs) != 1 or syncs[0].kind != "uniform" or syncs[0].declares not in shared:
         return None
     st = syncs[0]
     m = re.fullmatch(r"[^=;]*=\s*(?:::)?(?:\w+::)*(\w+)\s*\((?P<args>.*)\)\s*;", st.text, re.S)

@@ -178,6 +178,10 @@ def _split_body(kernel, sts, segments, live, shared, helpers, batch) -> str:
         lines = [f"void {name}__etm_split(void* const* etm_a, const etm_msl_thread* etm_g) {{"]
         lines.append(_bindings(kernel, positions=False))
         lines += [_threadgroup_decl(st.text) for st in sts if st.threadgroup]  # once
+        # a uniform early return (msl_split.py's _uniform_exit): tested once, before all
+        lines += [
+            "{ " + " ".join(st.exit_deps) + f" {st.text} }}" for st in sts if st.kind == "exit"
+        ]
     else:
         # threadgroup memory per batch slot, outside the function so the batch reaches it
         lines = [

@@ -1,11 +1,15 @@
-"""Split kernels whose threadgroups run in batches (msl_split.py's BATCHED, msl_split.h).
+"""What makes split kernels cheap (msl_split.py, msl_split.h), each forced and compared with
+the same library on fibers (``split=False``) bit for bit, and with numpy or torch:
 
-A kernel whose only synchronising statement is c10's ``threadgroup_welford_reduce`` over one
-threadgroup array (Inductor's layer norms) runs up to 8 threadgroups at once: each its regions
-with its own threadgroup memory, the reduction of all of them interleaved. Each test compares
-the batched run with the same library on fibers (``split=False``) bit for bit and with numpy:
-a grid of one threadgroup (no batch), a full batch and a partial one, and a grid large enough
-to be shared between OS threads, on 1 and 2 threads; then what is not batched.
+- batches: a kernel whose only synchronising statement is c10's ``threadgroup_welford_reduce``
+  over one threadgroup array (Inductor's layer norms) runs up to 8 threadgroups at once, each
+  its regions with its own threadgroup memory, the reductions interleaved; a grid of one
+  threadgroup (no batch), a full batch and a partial one, one shared between OS threads; then
+  what is not batched;
+- folds: c10's float threadgroup_max/min/sum computes each SIMD group's value at once, NaN
+  lanes included;
+- a uniform early return (Inductor's embedding bounds test) tested once per threadgroup, taken
+  and not; a return that may differ between threads stays on fibers.
 """
 
 from __future__ import annotations
@@ -136,3 +140,55 @@ def test_c10_float_reductions_fold_at_once_and_match_fibers_with_nans(op, worker
     rows = x.numpy().reshape(-1, group).astype(np.float64)
     want = {"max": np.max, "min": np.min, "sum": np.sum}[op](rows, 1, keepdims=True)
     np.testing.assert_allclose(got.numpy().reshape(-1, group), want + np.arange(group), rtol=1e-5)
+
+
+# Inductor's embedding bounds test before a reduction: a return every thread of a threadgroup
+# takes or none does (it reads only a read-only buffer), tested once per threadgroup
+EXIT = """
+#include <c10/metal/reduction_utils.h>
+#include <metal_stdlib>
+using namespace metal;
+kernel void gather_norm(device float* out [[buffer(0)]], constant long* index [[buffer(1)]],
+                        constant float* table [[buffer(2)]],
+                        uint i [[thread_position_in_grid]],
+                        uint lid [[thread_index_in_threadgroup]]) {
+  threadgroup float scratch[1];
+  auto row = index[0];
+  auto first = table[lid];
+  if ((row < 0 || row >= 4)) return;
+  auto v = table[lid + 32 * row] + first;
+  auto total = c10::metal::threadgroup_sum(scratch, v * v, lid, 32);
+  out[i] = v / total;
+}
+"""
+
+
+@pytest.mark.parametrize("row", [2, 7, -1], ids=["in-range", "past-the-end", "negative"])
+def test_a_uniform_early_return_splits_and_matches_fibers(row, workers):
+    split = compile_library(EXIT).function("gather_norm")
+    fibers = compile_library(EXIT, split=False).function("gather_norm")
+    assert split.path == "split" and split.path_reason == ""
+    table = torch.randn(4 * 32, generator=torch.Generator().manual_seed(3))
+    index = torch.tensor([row], dtype=torch.int64)
+    got, ref = torch.full((64,), -5.0), torch.full((64,), -5.0)
+    for fn, out in ((split, got), (fibers, ref)):
+        args = {0: out.data_ptr(), 1: index.data_ptr(), 2: table.data_ptr()}
+        fn.dispatch(args, threads=(64,), group=(32,))
+    assert torch.equal(got, ref)
+    if 0 <= row < 4:
+        v = table.view(4, 32)[row] + table[:32]
+        want = (v / (v * v).sum()).repeat(2)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:  # every thread returned: nothing stored
+        assert torch.equal(got, torch.full((64,), -5.0))
+
+
+@pytest.mark.parametrize(
+    "cond",
+    ["lid >= 4", "first > 100.0f", "(row = 1) > 3"],
+    ids=["a-position", "a-value-per-thread", "an-assignment"],
+)
+def test_a_return_that_may_differ_between_threads_stays_on_fibers(cond):
+    source = EXIT.replace("(row < 0 || row >= 4)", cond)
+    fn = compile_library(source).function("gather_norm")
+    assert fn.path == "fibers" and fn.path_reason.startswith("a return before a barrier")
