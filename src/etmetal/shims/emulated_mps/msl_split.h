@@ -38,9 +38,12 @@ template <class T, int K>
 inline T* slots(uint32_t n) {
   static_assert(std::is_trivially_destructible_v<T>, "a kept value needs a destructor");
   static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "an over-aligned kept value");
-  static thread_local void* buf = nullptr;
-  static thread_local size_t cap = 0;
-  return static_cast<T*>(grow(&buf, &cap, sizeof(T) * (n ? n : 1)));
+  // one thread_local (one __tls_get_addr in a dlopen'ed library), not two
+  static thread_local struct {
+    void* buf = nullptr;
+    size_t cap = 0;
+  } mem;
+  return static_cast<T*>(grow(&mem.buf, &mem.cap, sizeof(T) * (n ? n : 1)));
 }
 
 // The threads of threadgroup `g` in thread_index_in_threadgroup order: `body(thread, i)` with

@@ -441,7 +441,12 @@ def _batch_plan(sts: list[Statement], shared: set[str], text: str, bodies: dict)
     with a literal size, every threadgroup array a plain one-dimensional declaration; else
     None (the kernel runs one threadgroup at a time)."""
     syncs = [st for st in sts if st.sync and st.kind != "barrier"]
-    if any(st.kind == "exit" for st in sts) or len(syncs) != 1 or syncs[0].kind != "uniform" or syncs[0].declares not in shared:
+    if (
+        any(st.kind == "exit" for st in sts)
+        or len(syncs) != 1
+        or syncs[0].kind != "uniform"
+        or syncs[0].declares not in shared
+    ):
         return None
     st = syncs[0]
     m = re.fullmatch(r"[^=;]*=\s*(?:::)?(?:\w+::)*(\w+)\s*\((?P<args>.*)\)\s*;", st.text, re.S)
