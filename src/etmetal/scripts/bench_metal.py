@@ -76,4 +76,9 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
                 + "  ".join(f"{k} {v:.1f} us" for k, v in cpu.items())
                 + f"  (mps_emulated/host {rows[-1].extra['cpu_ratio']:.3f})"
             )
+            e = rows[-1].extra
+            print(
+                f"                   issue 27's target mps_emulated/host <= {e['target_at_most']}: "
+                + ("met" if e["target_met"] else "MISSED")
+            )
     return bm.emit(args, "metal", rows)
