@@ -15,6 +15,7 @@
 extern "C" {
 extern void** etm_alias_log;
 extern int64_t etm_alias_cap, etm_alias_len;
+extern uint64_t etm_mps_lent_start, etm_mps_lent_bytes;
 void* etm_native_lend(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
                       int64_t offset, int32_t dtype, int64_t storage_bytes);
 int32_t etm_native_delete_handle(void* h);
@@ -188,7 +189,12 @@ bool Constants::load_blob(const Aoti& api, void* container,
     data = blob_copy_;
   }
   blob_ = std::move(blob);  // kept until destroy, as etmetal's runtime keeps it
+  // an mps container copies each constant out of the blob (aoti_torch_mps_memcpy): the
+  // emulated device may read it for the length of this load
+  etm_mps_lent_start = (uint64_t)(uintptr_t)data;
+  etm_mps_lent_bytes = blob_->size();
   rc = api.from_blob(container, (const uint8_t*)data);
+  etm_mps_lent_start = etm_mps_lent_bytes = 0;
   if (rc) return *error = container_error(api, rc, "loading constants from the weights blob"), false;
   return true;
 }

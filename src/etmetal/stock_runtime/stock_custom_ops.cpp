@@ -12,8 +12,17 @@
 #include <cstring>
 #include <vector>
 
+// shims/int4_linear.c is compiled once, into the bridge (with the emulated Metal device's
+// fallbacks, shims/emulated_mps/bridge_source.py); its functions, as it defines them
+#define ETM_INT4_MAX_GROUP 256 /* int4_linear.c's: torchao's largest group size */
 extern "C" {
-#include "int4_linear.c"
+int etm_int4_max_group(void);
+int etm_int4_linear_f32(const float* a, const uint8_t* packed, const float* s, const float* z,
+                        int64_t m, int64_t k, int64_t n, int64_t group_size, int64_t ld_sz,
+                        float* out);
+int etm_int4_dequantize_rows(const uint8_t* packed, const float* s, const float* z, int64_t row0,
+                             int64_t rows, int64_t k, int64_t group_size, int64_t ld_sz,
+                             float* out);
 }
 
 namespace {
