@@ -121,6 +121,15 @@ _MPS_LOAD_PATHS = {
     ),
 }
 MPS_SHIMS = {**mps_device.SHIMS, **mps_kernels.SHIMS}
+# getters a Metal wrapper calls that etmetal's runtime serves in Python (an unknown dtype
+# goes on to the unbound Python half, which reports it by name)
+_GETTER_PATHS = {
+    "aoti_torch_dtype_element_size": (
+        "  { int64_t d = (int64_t)a0;\n"
+        "    if (d >= 0 && d < ETM_NDTYPES && etm_itemsize[d]) {\n"
+        "      ETM_HIT_NATIVE(); return (size_t)etm_itemsize[d]; } }\n"
+    ),
+}
 MPS = BridgeSource(
     includes=bridge_source.INCLUDES + '#include "stock_mps.h"\n',
     code=bridge_source.c_source(),
@@ -136,6 +145,7 @@ MPS = BridgeSource(
             name: f"  {{ ETM_HIT_NATIVE(); return {call}; }}\n"
             for name, call in _MPS_LOAD_PATHS.items()
         },
+        **_GETTER_PATHS,
     },
     native_only=bridge_source.NATIVE_ONLY,
 )

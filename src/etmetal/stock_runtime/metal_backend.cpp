@@ -213,9 +213,19 @@ class MetalBackend final : public et::BackendInterface {
                (rc = d->api.num_outputs(d->container, &d->n_out))) {
       error = container_error(d->api, rc, "reading the inputs and outputs");
     }
-    bool ok = !rc && (keys.shared_weights
-                          ? d->constants.lend_index(d->api, d->container, named, index, &error)
-                          : d->constants.load_blob(d->api, d->container, std::move(weights), &error));
+    bool ok = !rc;
+    if (ok && keys.shared_weights) {
+      ok = d->constants.lend_index(d->api, d->container, named, index, &error);
+    } else if (ok && mps) {
+      // one device image per program for the methods that name this blob; a layout the
+      // probe cannot read keeps the container's own copy (upstream's behaviour)
+      std::string why;
+      ok = d->constants.share_device_blob(d->api, d->container, named, keys.weights, &weights, &why) ||
+           (weights && d->constants.load_blob(d->api, d->container, std::move(weights), &error));
+      if (!ok && error.empty()) error = why;
+    } else if (ok) {
+      ok = d->constants.load_blob(d->api, d->container, std::move(weights), &error);
+    }
     // the Metal wrapper ignores the return codes of its mps calls (the constants' copies)
     std::string device_error = take_mps_error();
     if (ok && mps && (!device_error.empty() || etm_last_unbound)) {
