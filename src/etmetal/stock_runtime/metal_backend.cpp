@@ -28,6 +28,9 @@ extern int64_t etm_native_limit, etm_native_cache_limit, etm_native_views, etm_n
 extern int64_t etm_native_mps_limit, etm_mps_conv_rule[4], etm_mps_int4_dot_rows,
     etm_mps_int4_tile_bytes;
 extern const char* etm_last_unbound;
+// the emulated Metal device's libtorch entry points (mps_fallbacks.cpp: the dispatcher)
+extern const etm_lt_entry etm_lt_mps_table[];
+extern const int64_t etm_lt_mps_count;
 extern char etm_check_message[1024];
 int32_t etm_run(etm_call* c);
 int32_t etm_native_delete_handle(void* h);
@@ -216,13 +219,14 @@ class MetalBackend final : public et::BackendInterface {
     bool ok = !rc;
     if (ok && keys.shared_weights) {
       ok = d->constants.lend_index(d->api, d->container, named, index, &error);
-    } else if (ok && mps) {
+    } else if (ok && mps && !std::getenv("ETM_DEBUG_NO_SHARE")) {
       // one device image per program for the methods that name this blob; a layout the
       // probe cannot read keeps the container's own copy (upstream's behaviour)
       std::string why;
       ok = d->constants.share_device_blob(d->api, d->container, named, keys.weights, &weights, &why) ||
            (weights && d->constants.load_blob(d->api, d->container, std::move(weights), &error));
       if (!ok && error.empty()) error = why;
+      else if (!why.empty()) ET_LOG(Info, "%s: weights not shared: %s", where.c_str(), why.c_str());
     } else if (ok) {
       ok = d->constants.load_blob(d->api, d->container, std::move(weights), &error);
     }
@@ -388,10 +392,11 @@ ETM_EXPORT int32_t etm_stock_configure(const char* libtorch) {
                          (libtorch ? libtorch : "(null)") + ": " + (why ? why : "no such file"));
     return 1;
   }
-  // the hand-written fallbacks' table, then the one generated from torch's headers
-  const etm_lt_entry* tables[2] = {etm_lt_table, etm_lt_gen_table};
-  const int64_t counts[2] = {etm_lt_count, etm_lt_gen_count};
-  for (int k = 0; k < 2; k++)
+  // the hand-written fallbacks' table, the one generated from torch's headers, the
+  // emulated Metal device's
+  const etm_lt_entry* tables[3] = {etm_lt_table, etm_lt_gen_table, etm_lt_mps_table};
+  const int64_t counts[3] = {etm_lt_count, etm_lt_gen_count, etm_lt_mps_count};
+  for (int k = 0; k < 3; k++)
     for (int64_t i = 0; i < counts[k]; i++) {
       void* fn = dlsym(lt, tables[k][i].name);
       if (!fn) {

@@ -164,8 +164,8 @@ bool probe_layout(const Aoti& api, const void* blob, size_t blob_size, Shared* o
     ok = false;
     *error = container_error(api, rc, "reading the probe's constants");
   }
-  std::map<std::string, void*> handles;
-  for (size_t i = 0; ok && i < n; i++) handles[entries[i].name ? entries[i].name : ""] = entries[i].handle;
+  // the entries are the non-folded constants in table order, named by their original FQN
+  size_t next = 0;
   int64_t slot = 0, base = 0;
   for (size_t i = 0; ok && i < count; i++) {
     bool folded = false;
@@ -187,15 +187,22 @@ bool probe_layout(const Aoti& api, const void* blob, size_t blob_size, Shared* o
     c.slot = slot;
     c.buffer = type == kBufferType;
     slot += padded(c.nbytes);
-    auto it = handles.find(c.name);
-    const etm_rec* r = it == handles.end() ? nullptr : etm_rec_of(it->second);
+    const char* fqn = nullptr;
+    bool same = next < n && (!api.constant_fqn || (!api.constant_fqn(probe, i, &fqn) && fqn &&
+                                                   entries[next].name &&
+                                                   !std::strcmp(fqn, entries[next].name)));
+    const etm_rec* r = same ? etm_rec_of(entries[next].handle) : nullptr;
+    next++;
     int64_t item = r && r->dtype >= 0 && r->dtype < ETM_NDTYPES ? etm_itemsize[r->dtype] : 0;
     int64_t start = r && item ? r->data_ptr - r->offset * item : 0;
     if (!r || !item || r->device_type != ETM_DEVICE_MPS || !r->native || r->numel <= 0 ||
         (base && start != base) || c.slot % item || r->offset * item < c.slot) {
       ok = false;
       *error = "constant '" + c.name + "' is not a native emulated-Metal tensor in the probe's " +
-               "one constant buffer; its weights cannot be shared";
+               "one constant buffer (" + (r ? "device " + std::to_string(r->device_type) +
+               ", record kind " + std::to_string(r->native) + ", offset " + std::to_string(r->offset) +
+               ", slot " + std::to_string(c.slot) : std::string("not among its ") +
+               std::to_string(n) + " constants") + "); its weights cannot be shared";
       break;
     }
     base = start;
@@ -244,6 +251,7 @@ bool bind_aoti(void* lib, Aoti* api, std::string* error) {
       {"AOTInductorGetLastError", (void**)&api->last_error, false},
       {"AOTInductorModelContainerGetConstantType", (void**)&api->constant_type, false},
       {"AOTInductorModelContainerExtractConstantsMapEntries", (void**)&api->extract, false},
+      {"AOTInductorModelContainerGetConstantOriginalFQN", (void**)&api->constant_fqn, false},
   };
   for (const Row& r : rows) {
     *r.slot = dlsym(lib, r.name);

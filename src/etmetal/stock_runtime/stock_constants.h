@@ -33,6 +33,7 @@ struct Aoti {
   int32_t (*last_error)(const char**);  // may be absent
   int32_t (*constant_type)(void*, size_t, int32_t*);  // may be absent
   int32_t (*extract)(void*, const ConstantPair**, size_t*, bool);  // may be absent
+  int32_t (*constant_fqn)(void*, size_t, const char**);  // may be absent
 };
 // the container functions of a loaded model (lib: its link wrapper's handle)
 bool bind_aoti(void* lib, Aoti* api, std::string* error);
