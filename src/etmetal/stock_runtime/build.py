@@ -86,6 +86,12 @@ _CUSTOM_OP_PATHS = {
     "aoti_torch_cpu_gated_delta_rule": _served(
         "etm_stock_gated_delta_rule(a0, a1, a2, a3, a4, a5, (void**)a6)"
     ),
+    "aoti_torch_mps_gather_qmv": _served(
+        "etm_stock_mps_gather_qmv(a0, a1, a2, a3, a4, a5, (void**)a6)"
+    ),
+    "aoti_torch_mps_gated_delta_rule": _served(
+        "etm_stock_mps_gated_delta_rule(a0, a1, a2, a3, a4, a5, (void**)a6)"
+    ),
     # the extern-node table's operators, run by the proxy library (stock_proxy.cpp)
     proxy_native.PROXY_SHIM: _served(
         "etm_stock_proxy_call(a0, a1, a2, (const int64_t*)a3, a4, (void* const*)a5)"

@@ -219,11 +219,14 @@ class MetalBackend final : public et::BackendInterface {
     bool ok = !rc;
     if (ok && keys.shared_weights) {
       ok = d->constants.lend_index(d->api, d->container, named, index, &error);
-    } else if (ok && mps && !std::getenv("ETM_DEBUG_NO_SHARE")) {
+    } else if (ok && mps) {
       // one device image per program for the methods that name this blob; a layout the
       // probe cannot read keeps the container's own copy (upstream's behaviour)
       std::string why;
-      ok = d->constants.share_device_blob(d->api, d->container, named, keys.weights, &weights, &why) ||
+      bool share_buffers = false;
+      for (const Spec& s : specs) share_buffers |= s.key == "share_mutable_buffers" && s.value == "1";
+      ok = d->constants.share_device_blob(d->api, d->container, named, keys.weights, &weights,
+                                          share_buffers, &why) ||
            (weights && d->constants.load_blob(d->api, d->container, std::move(weights), &error));
       if (!ok && error.empty()) error = why;
       else if (!why.empty()) ET_LOG(Info, "%s: weights not shared: %s", where.c_str(), why.c_str());

@@ -397,7 +397,7 @@ bool Constants::share_device_blob(const Aoti& api, void* container,
                                   const executorch::runtime::NamedDataMap* named,
                                   const std::string& key,
                                   std::unique_ptr<executorch::runtime::FreeableBuffer>* held,
-                                  std::string* error) {
+                                  bool share_buffers, std::string* error) {
   executorch::runtime::FreeableBuffer* blob = held->get();
   size_t count = 0;
   uint64_t need = 0;
@@ -435,7 +435,7 @@ bool Constants::share_device_blob(const Aoti& api, void* container,
   for (const DeviceConstant& c : image.layout) {
     char* base = (char*)image.data;
     int64_t offset = c.offset, storage = (int64_t)image.size, item = etm_itemsize[c.dtype];
-    if (c.buffer) {  // this delegate's own copy, as its method declares
+    if (c.buffer && !share_buffers) {  // this delegate's own copy, as its method declares
       void* own = aligned_copy(base + c.slot, (size_t)padded(c.nbytes));
       if (!own) return *error = "out of memory copying buffer '" + c.name + "'", false;
       copies_.push_back(own);

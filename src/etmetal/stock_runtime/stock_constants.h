@@ -63,10 +63,11 @@ class Constants {
   // the program that names the same blob: read, checked and laid out once as the device
   // image the container would build (a probe container reports each constant's geometry),
   // then lent as user-managed constants; buffers (the KV caches) copied per delegate
+  // unless share_buffers (compile spec share_mutable_buffers): then the image's one copy
   bool share_device_blob(const Aoti& api, void* container, const executorch::runtime::NamedDataMap* named,
                          const std::string& key,
                          std::unique_ptr<executorch::runtime::FreeableBuffer>* blob,
-                         std::string* error);
+                         bool share_buffers, std::string* error);
   // after the container is deleted: the records, copies and shared entries it held
   void release();
   const std::vector<Lent>& lent() const { return lent_; }
