@@ -382,9 +382,14 @@ int32_t etm_stock_mps_create_library(const char* source, void** library) {
   std::string name = etm_stock::stock_key(source, n), error;
   bool missing = false;
   etm_stock::Loaded* l = etm_stock::load_record(name, &missing, &error);
-  if (!l && missing && etm_stock::compile(source, n, &error)) {
+  // a record that does not verify is a miss too when a compiler can replace it (as the
+  // content cache rebuilds a bad entry); the library it names is never mapped
+  std::string refused = missing ? std::string() : error;
+  if (!l && (missing || !etm_stock::python.empty()) && etm_stock::compile(source, n, &error)) {
     l = etm_stock::load_record(name, &missing, &error);
     if (!l && missing) error = "the shader compiler ran but published no record for the library";
+  } else if (!l && !refused.empty()) {
+    error = refused;
   }
   if (!l) return etm_stock::failed(shim, "the shader library could not be loaded: " + error);
   auto* lib = new etm_stock::Library{l, {}};
