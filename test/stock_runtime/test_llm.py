@@ -169,3 +169,14 @@ def test_mps_methods_keep_their_own_kv_cache_unless_shared(mps_programs, trusted
         assert by_method["prefill"][name].address != by_method["decode"][name].address, name
     del prefill, decode, program
     gc.collect()
+
+
+def test_etmetals_runtime_refuses_shared_buffers_it_would_keep_per_method(mps_programs):
+    # etmetal's Python runtime keeps an emulated-Metal container's buffers per method: a
+    # program that asks for one KV cache must not silently get two there
+    from etmetal.runtime import Runtime as EtmetalRuntime
+
+    program = EtmetalRuntime.get().load_program(mps_programs["shared_kv"], trust_native_code=True)
+    with pytest.raises(Exception, match="share_mutable_buffers") as refused:
+        program.load_method("prefill")
+    assert "etmetal.stock_runtime.register()" in str(refused.value)
