@@ -77,17 +77,17 @@ def test_small_hf_model_matches_eager_in_the_stock_runtime(name, runtime, stock_
 
 
 # -- on the emulated Metal device ----------------------------------------------------------
-# HF's eager attention, the decoder's mask and position code, a speech encoder's positional
-# conv1d, lowered for mps_emulated with runtime="etmetal" (as the delegate tests lower them
-# for etmetal's runtime): Inductor's Metal kernels and the mps fallbacks, in the stock runtime
+# every model above, lowered for mps_emulated with runtime="etmetal" (the emulated device's
+# shims serve the scans a Mac's runtime lacks, so each is one delegate): Inductor's Metal
+# kernels and the mps fallbacks (attention, convolution), in the stock runtime
 
 
-@pytest.mark.parametrize("name", sorted(EAGER_ATTENTION_MODELS))
+@pytest.mark.parametrize("name", NAMES)
 def test_small_hf_model_on_mps_emulated_matches_eager_in_the_stock_runtime(
     name, stock_lowered, trusted
 ):
     def make():
-        model, inputs = build_eager_attention(name)
+        model, inputs = build(name) if name in MODELS else build_eager_attention(name)
         return model, inputs, {"target": "mps_emulated", "runtime": "etmetal"}
 
     low = stock_lowered(f"hf:{name}:mps_emulated", make)

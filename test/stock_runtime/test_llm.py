@@ -108,9 +108,7 @@ def test_shared_mutable_buffers_are_one_copy(programs, trusted):
 @pytest.fixture(scope="module")
 def mps_programs(lm) -> dict[str, bytes]:
     def lower(**kw):  # for etmetal's runtimes: the stock backend shares buffers on request
-        return llm.lower_methods(
-            llm.lm_exports(lm), target="mps_emulated", runtime="etmetal", **kw
-        )
+        return llm.lower_methods(llm.lm_exports(lm), target="mps_emulated", runtime="etmetal", **kw)
 
     return {"own_kv": lower().buffer, "shared_kv": lower(share_mutable_buffers=True).buffer}
 

@@ -19,7 +19,6 @@ from etmetal.testing.pte_blobs import metal_delegates
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_matches, fresh_like  # noqa: E402
 
-
 # the targets the stock backend runs: host C++, and the Metal program on the emulated device
 TARGETS = ("host", "mps_emulated")
 
@@ -33,7 +32,9 @@ def _on(target: str, make):
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_registry_module_matches_eager(name, target, stock_lowered, trusted):
     entry = REGISTRY[name]
-    low = stock_lowered(f"registry:{name}:{target}", _on(target, lambda: get_model_and_inputs(name)))
+    low = stock_lowered(
+        f"registry:{name}:{target}", _on(target, lambda: get_model_and_inputs(name))
+    )
     assert low.partitioner.report.kept_out == []  # the whole model runs in the delegate
     for seed in (0, 1):
         inputs = low.inputs if seed == 0 else fresh_like(low.inputs, seed)

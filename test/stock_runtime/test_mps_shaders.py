@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,7 +93,7 @@ def test_shader_records_are_compiled_on_a_miss_verified_and_never_trusted_blindl
         assert SHIM in message and "MAC does not verify" in message, message
         # a record with a valid MAC naming a library whose bytes are not the recorded ones
         forged = stock_msl.record_dir() / "forged-libmsl.so"
-        data = bytearray(open(library, "rb").read())
+        data = bytearray(Path(library).read_bytes())
         data[len(data) // 2] ^= 0xFF
         forged.write_bytes(bytes(data))
         body = text[: text.index(b"\nmac ") + 1].replace(library.encode(), str(forged).encode())

@@ -145,7 +145,9 @@ def shares_weights(options: MetalCompileOptions, target: MetalTarget, runtime: s
         shared = requested
     # the emulated Metal device keeps one blob, and etmetal's backend for the stock runtime
     # shares its buffers by name across the program's methods (stock_constants.cpp)
-    one_blob_shares = target is MPS_EMULATED and runtime == ETMETAL_RUNTIME and requested is not False
+    one_blob_shares = (
+        target is MPS_EMULATED and runtime == ETMETAL_RUNTIME and requested is not False
+    )
     if options.share_mutable_buffers and not shared and not one_blob_shares:
         raise ValueError(
             "share_mutable_buffers needs the shared-weights layout (share_weights), which "

@@ -142,7 +142,8 @@ MPS = BridgeSource(
     native_paths={
         **{
             name: _with_event(name, path)
-            if name.startswith("aoti_torch_mps_") and name not in mps_kernels.SHIMS
+            if name.startswith("aoti_torch_mps_")
+            and name not in mps_kernels.SHIMS
             and name not in mps_device.SHIMS
             else path
             for name, path in bridge_source.NATIVE_PATHS.items()
