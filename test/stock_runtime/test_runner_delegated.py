@@ -161,6 +161,19 @@ def test_runner_etdump_holds_the_delegate_event(demo_programs, tmp_path):
     assert len(events[0].perf_data.raw) == 2 and min(events[0].perf_data.raw) > 0
 
 
+def test_mps_emulated_etdump_holds_the_execute_and_its_mps_fallbacks(mps_demo_programs, tmp_path):
+    from executorch.devtools import Inspector
+
+    _, inputs, path = mps_demo_programs["transformer_block"]
+    etdump = tmp_path / "mps.etdp"
+    runner.run_native(path, list(inputs), trust_native_code=True, etdump=etdump)
+    inspector = Inspector(etdump_path=str(etdump))
+    names = [e.name for block in inspector.event_blocks for e in block.events]
+    assert names.count(DELEGATE_EVENT) == 1, names
+    # the Metal wrapper's matrix products run as the emulated device's fallbacks
+    assert any(n.startswith("aoti_torch_mps_") for n in names), names
+
+
 def test_stock_python_runtime_etdump_holds_the_delegate_event(demo_programs, tmp_path):
     from executorch.runtime import Runtime
 
