@@ -48,3 +48,27 @@ def test_native_section_judges_each_target_on_cpu_time():
     assert "1.040" in by_arm[("lm_30m_decode", "etmetal_native")]
     assert "<= 1.05: met" in by_arm[("lm_30m_decode", "etmetal_native")]
     assert "500 / 0" in by_arm[("lm_30m_decode", "etmetal_native")]
+
+
+def test_native_section_judges_the_transformer_and_shows_the_paired_ratio():
+    from etmetal.bench.native_shims import render
+
+    def row(cpu: float, paired: float | None = None) -> dict:
+        return {"wall_us": cpu, "cpu_us": cpu, "paired": paired, "counts": (273, 0)}
+
+    results = {
+        "transformer": {
+            "torch_aoti": row(100.0),
+            "etmetal_shims": row(104.0, 1.031),
+            "etmetal_pte": row(106.0, 1.049),
+            "stock_runtime": row(110.0, 1.09),
+        }
+    }
+    lines = render(results, "etmetal bench native", "now").splitlines()
+    by_arm = {tuple(c.strip() for c in ln.split("|")[1:3]): ln for ln in lines if "| " in ln}
+    shims = [c.strip() for c in by_arm[("transformer", "etmetal_shims")].split("|")]
+    assert shims[5:7] == ["1.040", "1.031"]  # the ratio of medians, then the paired one
+    assert "<= 1.05: met" in by_arm[("transformer", "etmetal_shims")]
+    # judged on the ratio of medians (1.06), not the paired ratio (1.049)
+    assert "<= 1.05: **missed**" in by_arm[("transformer", "etmetal_pte")]
+    assert "<=" not in by_arm[("transformer", "stock_runtime")]

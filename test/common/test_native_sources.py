@@ -14,8 +14,9 @@ they are built in, and each is named below:
 - ``msl_types.h``, ``msl_math.h`` and ``msl_sync.h`` are the parts of ``msl_compat.h`` (the
   Metal-compatibility header a shader library is compiled after) and are checked through it.
 
-``shims/fast_run.c`` is a CPython extension: it gets this interpreter's include folder, as
-its build does. Sources of ``stock_runtime/`` include ExecuTorch's runtime headers: they get the wheel's
+``shims/fast_run.c`` and its units (``fast_run_type.c``, ``fast_run_tensors.c`` and the
+two headers ``fast_run.h``, ``fast_run_tensors.h``) are a CPython extension: they get this
+interpreter's include folder, as their build does. Sources of ``stock_runtime/`` include ExecuTorch's runtime headers: they get the wheel's
 include folders and definitions, as their build does (``executorch_compile_flags``), the
 ``shims/`` folder (the native layer the MetalBackend links) and the two includes its build
 generates (``itemsizes.inc``, ``wrapper_template.inc``, written by ``stock_runtime.build``).
@@ -115,7 +116,7 @@ def stock_generated(tmp_path_factory) -> Path:
 
 
 def _context(rel: str, request) -> tuple[str, ...]:
-    if rel == "shims/fast_run.c":  # a CPython extension: this interpreter's headers
+    if rel.startswith("shims/fast_run"):  # a CPython extension: this interpreter's headers
         from etmetal.shims.fast_run import python_include
 
         return ("-I", python_include())

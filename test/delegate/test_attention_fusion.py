@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from etmetal.runtime import Runtime
-from etmetal.shims.model import undefined_shims
+from etmetal.shims.model_symbols import undefined_shims
 
 SDPA = "aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu"
 

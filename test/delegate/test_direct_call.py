@@ -160,6 +160,53 @@ def test_prepared_call_declines_to_the_general_errors_and_copies(linear):
         method.execute([x])
 
 
+class DynamicHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x)) * 2.0
+
+
+def test_prepared_call_serves_a_dynamic_shape_once_the_plan_has_it(lowered):
+    """A method with a dynamic dimension plans its input at the upper bound; the first
+    execute of a shape copies into the plan (resizing it), and from then on that shape is
+    the plan's and is served in C, with the general path's bits. Another shape is copied
+    again, then served again: the layouts checked are the plan's as they are now."""
+    batch = torch.export.Dim("batch", min=2, max=64)
+    low = lowered(
+        "direct:dynamic_head",
+        lambda: (DynamicHead(), (torch.randn(5, 8),), {"dynamic_shapes": {"x": {0: batch}}}),
+    )
+    method = load(low.pte, trust_native_code=True).load_method("forward")
+    general = _general_method(low.pte)
+    try:
+        assert type(method._fast_execute).__name__ == "FastRun"
+        kept = []
+        for n in (3, 3, 3, 17, 17, 3, 64, 64):
+            before = method._fast_execute.stats()
+            x = torch.randn(n, 8)
+            got, ref = method.execute([x]), general.execute([x])
+            after = method._fast_execute.stats()
+            assert torch.equal(got[0], ref[0]) and got[0].shape == (n, 6)
+            kept.append((got[0], low.module(x).detach()))
+            planned_in = method._direct._planned_in[0]
+            assert planned_in.shape == (n, 8)  # the plan has this shape now, either way
+            served = after["fast"] - before["fast"]
+            assert served + after["fallback"] - before["fallback"] == 1
+            kept[-1] += (served,)
+        # served in C exactly when the shape was the previous execute's
+        assert [s for *_, s in kept] == [0, 1, 1, 0, 1, 0, 0, 1]
+        for got, want, _ in kept:  # every result stays the caller's
+            torch.testing.assert_close(got, want)
+        with pytest.raises(InputError):
+            method.execute([torch.randn(65, 8)])
+    finally:
+        method.destroy()
+        general.destroy()
+
+
 def test_prepared_call_is_serialized_across_threads(linear):
     method = load(linear.pte, trust_native_code=True).load_method("forward")
     try:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from etmetal.shims import load_bridge
-from etmetal.shims.model import model_link_group
 from etmetal.shims.model_link import compiler, link_wrapper, undefined_symbols
+from etmetal.shims.model_symbols import model_link_group
 
 SOURCE = Path(__file__).parent / "native" / "sleef_exp.c"
 

@@ -74,3 +74,37 @@ def test_small_hf_model_matches_eager_in_the_stock_runtime(name, runtime, stock_
     gc.collect()
     counts = stock.native_counts()  # the delegate, its records and constants went with it
     assert (counts["delegates"], counts["live"], counts["stores"]) == (0, 0, 0), counts
+
+
+# -- on the emulated Metal device ----------------------------------------------------------
+# every model above, lowered for mps_emulated with runtime="etmetal" (the emulated device's
+# shims serve the scans a Mac's runtime lacks, so each is one delegate): Inductor's Metal
+# kernels and the mps fallbacks (attention, convolution), in the stock runtime
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_small_hf_model_on_mps_emulated_matches_eager_in_the_stock_runtime(
+    name, stock_lowered, trusted
+):
+    def make():
+        model, inputs = build(name) if name in MODELS else build_eager_attention(name)
+        return model, inputs, {"target": "mps_emulated", "runtime": "etmetal"}
+
+    low = stock_lowered(f"hf:{name}:mps_emulated", make)
+    report = low.partitioner.reports[-1]
+    assert report.target == "mps_emulated"
+    assert not report.kept_out, report.text()
+    assert len(report.partitions) == 1, report.text()
+    program = Runtime.get().load_program(low.pte)
+    method = program.load_method("forward")
+    assert stock.native_counts()["delegates"] == 1
+    for seed in (0, 1, 2):
+        inputs = low.inputs if seed == 0 else tuple(_fresh(x, seed) for x in low.inputs)
+        with torch.no_grad():
+            expected = low.module(*inputs)
+        got = [t.clone() for t in method.execute(list(inputs))]
+        assert_matches(got, expected, ATOL, RTOL)
+    del method, program
+    gc.collect()
+    counts = stock.native_counts()
+    assert (counts["delegates"], counts["live"], counts["mps_storages"]) == (0, 0, 0), counts

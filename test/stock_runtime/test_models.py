@@ -1,6 +1,7 @@
-"""Every Metal registry module and every demo model, lowered for ``host``, run by the stock
-ExecuTorch runtime through etmetal's native MetalBackend, matches eager PyTorch; so does a
-program in upstream's one-blob weights layout."""
+"""Every Metal registry module and every demo model, lowered for ``host`` and for
+``mps_emulated`` (Inductor's Metal program, run on the emulated Metal device), run by the
+stock ExecuTorch runtime through etmetal's native MetalBackend, matches eager PyTorch; so
+does a program in upstream's one-blob weights layout."""
 
 from __future__ import annotations
 
@@ -18,11 +19,22 @@ from etmetal.testing.pte_blobs import metal_delegates
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_matches, fresh_like  # noqa: E402
 
+# the targets the stock backend runs: host C++, and the Metal program on the emulated device
+TARGETS = ("host", "mps_emulated")
 
+
+def _on(target: str, make):
+    """``make`` for ``stock_lowered``, lowering for ``target``."""
+    return lambda: (*make()[:2], {"target": target})
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_registry_module_matches_eager(name, stock_lowered, trusted):
+def test_registry_module_matches_eager(name, target, stock_lowered, trusted):
     entry = REGISTRY[name]
-    low = stock_lowered(f"registry:{name}", lambda: get_model_and_inputs(name))
+    low = stock_lowered(
+        f"registry:{name}:{target}", _on(target, lambda: get_model_and_inputs(name))
+    )
     assert low.partitioner.report.kept_out == []  # the whole model runs in the delegate
     for seed in (0, 1):
         inputs = low.inputs if seed == 0 else fresh_like(low.inputs, seed)
@@ -31,11 +43,13 @@ def test_registry_module_matches_eager(name, stock_lowered, trusted):
         assert_matches(low.execute(inputs), expected, entry.atol, entry.rtol)
     counts = stock.native_counts()
     assert (counts["delegates"], counts["live"], counts["stores"]) == (0, 0, 0)
+    assert counts["mps_storages"] == 0  # the emulated device's memory went with it
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", [m.name for m in DEMO_MODELS])
-def test_demo_model_matches_eager(name, stock_lowered, trusted):
-    low = stock_lowered(f"demo:{name}", lambda: get_demo(name))
+def test_demo_model_matches_eager(name, target, stock_lowered, trusted):
+    low = stock_lowered(f"demo:{name}:{target}", _on(target, lambda: get_demo(name)))
     for seed in (0, 1):
         inputs = low.inputs if seed == 0 else fresh_like(low.inputs, seed)
         with torch.no_grad():

@@ -75,6 +75,41 @@ def test_demo_model_from_files_matches_eager_without_python(demo_programs, name,
     assert sorted(n for n in mapped if n.startswith("libpython") or ".cpython-" in n) == []
 
 
+@pytest.fixture(scope="module")
+def mps_demo_programs(tmp_path_factory):
+    """The demo models lowered for ``mps_emulated``: Inductor's Metal program, whose shader
+    libraries the runner loads from etmetal's compiled-shader cache."""
+    directory = tmp_path_factory.mktemp("runner-mps")
+    programs = {}
+    for demo in DEMO_MODELS:
+        module, inputs = get_demo(demo.name)
+        program, partitioner = lower(module, inputs, target="mps_emulated")
+        assert partitioner.report.kept_out == []
+        path = directory / f"{demo.name}.pte"
+        path.write_bytes(program.buffer)
+        programs[demo.name] = (module.eval(), inputs, path)
+    return programs
+
+
+@pytest.mark.parametrize("name", [d.name for d in DEMO_MODELS])
+def test_mps_emulated_demo_model_from_files_matches_eager_without_python(
+    mps_demo_programs, name, tmp_path
+):
+    module, inputs, path = mps_demo_programs[name]
+    maps = tmp_path / "maps"
+    result = runner.run_runner(path, list(inputs), trust_native_code=True, dump_maps=maps)
+    expected = _eager(module, inputs)
+    assert len(result.outputs) == len(expected)
+    for got, want in zip(result.outputs, expected):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    mapped = _mapped_names(maps)
+    # the Metal kernels ran in this process: compiled shader libraries and their dispatcher
+    assert "libetmetal_stock.so" in mapped and "libmsl.so" in mapped
+    assert "libetmetal_msl_dispatch.so" in mapped
+    assert sorted(n for n in mapped if n.startswith("libpython") or ".cpython-" in n) == []
+
+
 def test_untrusted_program_is_refused_with_how_to_opt_in(demo_programs):
     module, inputs, path = demo_programs["transformer_block"]
     with pytest.raises(runner.NativeRunError) as refused:
@@ -124,6 +159,19 @@ def test_runner_etdump_holds_the_delegate_event(demo_programs, tmp_path):
     assert len(events) == 1 and events[0].is_delegated_op
     # one timing per execute
     assert len(events[0].perf_data.raw) == 2 and min(events[0].perf_data.raw) > 0
+
+
+def test_mps_emulated_etdump_holds_the_execute_and_its_mps_fallbacks(mps_demo_programs, tmp_path):
+    from executorch.devtools import Inspector
+
+    _, inputs, path = mps_demo_programs["transformer_block"]
+    etdump = tmp_path / "mps.etdp"
+    runner.run_native(path, list(inputs), trust_native_code=True, etdump=etdump)
+    inspector = Inspector(etdump_path=str(etdump))
+    names = [e.name for block in inspector.event_blocks for e in block.events]
+    assert names.count(DELEGATE_EVENT) == 1, names
+    # the Metal wrapper's matrix products run as the emulated device's fallbacks
+    assert any(n.startswith("aoti_torch_mps_") for n in names), names
 
 
 def test_stock_python_runtime_etdump_holds_the_delegate_event(demo_programs, tmp_path):

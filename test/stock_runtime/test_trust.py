@@ -167,16 +167,23 @@ def _named(pte: bytes) -> dict[str, bytes]:
     return {k: bytes(named.buffers[e.buffer_index]) for k, e in named.pte_data.items()}
 
 
-def test_a_target_other_than_host_is_refused_naming_what_to_do(stock_lowered):
-    low = stock_lowered("trust:linear", _linear)
-    parsed = deserialize_pte_binary(low.pte)
+def _retargeted(pte: bytes, target: bytes) -> bytes:
+    parsed = deserialize_pte_binary(pte)
     [d] = parsed.program.execution_plan[0].delegates
     [spec] = [s for s in d.compile_specs if s.key == "target"]
-    spec.value = b"mps_emulated"
-    pte = bytes(serialize_pte_binary(parsed, extract_delegate_segments=True))
+    spec.value = target
+    return bytes(serialize_pte_binary(parsed, extract_delegate_segments=True))
+
+
+def test_a_target_the_backend_cannot_run_is_refused_naming_what_to_do(stock_lowered):
+    low = stock_lowered("trust:linear", _linear)
     stock.register(trust_native_code=True)
-    message = _refused(pte)
-    assert "'mps_emulated'" in message and "'host' delegates only" in message
+    # mps needs macOS and ExecuTorch's Metal runtime: the message says so, and what runs here
+    message = _refused(_retargeted(low.pte, b"mps"))
+    assert "'mps'" in message and "macOS" in message and "'mps_emulated'" in message
+    # a host .so relabelled mps_emulated carries a weights index, which no mps delegate has
+    message = _refused(_retargeted(low.pte, b"mps_emulated"))
+    assert "'mps_emulated'" in message and "weights index" in message
 
 
 def test_a_mismatched_index_is_refused_naming_the_constant(stock_lowered):

@@ -26,6 +26,7 @@ from etmetal.common.targets import (
     ETMETAL_RUNTIME,
     HOST,
     METHOD_NAME_SPEC_KEY,
+    MPS_EMULATED,
     RUNTIME_SPEC_KEY,
     SHARE_MUTABLE_BUFFERS_KEY,
     SHARE_WEIGHTS_KEY,
@@ -127,7 +128,9 @@ def shares_weights(options: MetalCompileOptions, target: MetalTarget, runtime: s
     runtime, the only runtime that reads the layout; the Metal targets keep upstream's
     one-blob layout (ExecuTorch's Metal runtime reads it, and their constants live on the
     device). ``share_weights`` ``0`` is the opt-out. A ValueError names what cannot be
-    honoured: sharing asked for elsewhere, or ``share_mutable_buffers`` without sharing."""
+    honoured: sharing asked for elsewhere, or ``share_mutable_buffers`` without sharing
+    (``mps_emulated`` for etmetal: its one blob's buffers are shared by the stock runtime's
+    backend)."""
     requested = options.share_weights
     target = get_target(target)
     shared = target is HOST and runtime == ETMETAL_RUNTIME
@@ -140,7 +143,12 @@ def shares_weights(options: MetalCompileOptions, target: MetalTarget, runtime: s
         )
     if requested is not None:
         shared = requested
-    if options.share_mutable_buffers and not shared:
+    # the emulated Metal device keeps one blob, and etmetal's backend for the stock runtime
+    # shares its buffers by name across the program's methods (stock_constants.cpp)
+    one_blob_shares = (
+        target is MPS_EMULATED and runtime == ETMETAL_RUNTIME and requested is not False
+    )
+    if options.share_mutable_buffers and not shared and not one_blob_shares:
         raise ValueError(
             "share_mutable_buffers needs the shared-weights layout (share_weights), which "
             f"target {target.name!r} with runtime {runtime!r} does not use"

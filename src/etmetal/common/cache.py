@@ -165,6 +165,13 @@ def _mac(key: bytes, kind: str, name: str, files: dict[str, str]) -> str:
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
+def root_mac(text: bytes, root: str | os.PathLike | None = None) -> str:
+    """HMAC-SHA256 of ``text`` under the root's secret (hex): what a native reader of a
+    record kept beside the entries (the stock runtime's shader index) checks it with."""
+    path = prepare_root(Path(root) if root is not None else cache_root())
+    return hmac.new(_root_key(path), text, hashlib.sha256).hexdigest()
+
+
 class ContentCache:
     """The entries of one ``kind`` under ``root`` (default :func:`cache_root`)."""
 

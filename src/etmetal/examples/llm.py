@@ -292,6 +292,7 @@ def lower_methods(
     target: str = HOST.name,
     share_weights: bool | None = None,
     share_mutable_buffers: bool = False,
+    runtime: str | None = None,
 ):
     """Lower several exported methods into one program with the Metal partitioner;
     returns the ``ExecutorchProgramManager``.
@@ -299,7 +300,8 @@ def lower_methods(
     ``share_weights``: store each constant once across methods (None: the partitioner's
     default, which shares for ``host``; False keeps upstream's one blob per partition);
     ``share_mutable_buffers``: the methods read and write one copy of each mutable
-    buffer with the same name (a KV cache ``prefill`` fills and ``decode`` reads).
+    buffer with the same name (a KV cache ``prefill`` fills and ``decode`` reads);
+    ``runtime``: the partitioner's (None: the target's default).
     """
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -314,7 +316,13 @@ def lower_methods(
     if share_mutable_buffers:
         specs.append(CompileSpec(SHARE_MUTABLE_BUFFERS_KEY, b"1"))
     partitioners = {
-        name: [MetalPartitioner([*specs, CompileSpec("method_name", name.encode())], target=target)]
+        name: [
+            MetalPartitioner(
+                [*specs, CompileSpec("method_name", name.encode())],
+                target=target,
+                **({} if runtime is None else {"runtime": runtime}),
+            )
+        ]
         for name in exports
     }
     edge = to_edge_transform_and_lower(exports, partitioner=partitioners)

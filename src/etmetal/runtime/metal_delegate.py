@@ -58,6 +58,7 @@ from etmetal.common.targets import (
     HOST,
     MPS_EMULATED,
     RUNNABLE_TARGETS,
+    SHARE_MUTABLE_BUFFERS_KEY,
     TARGET_SPEC_KEY,
     TARGETS,
     MetalTarget,
@@ -193,6 +194,15 @@ class MetalDelegate(BackendExecutor):
     ) -> MetalDelegate:
         where = f"method {context.method_name!r}: {BACKEND_ID} delegate"
         target = _target(compile_specs, where)
+        if target.container_device != CPU_DEVICE and any(
+            k == SHARE_MUTABLE_BUFFERS_KEY and bytes(v) == b"1" for k, v in compile_specs
+        ):
+            raise DelegateError(
+                f"{where}: a {target.name!r} delegate lowered with share_mutable_buffers: "
+                "this runtime keeps an emulated-Metal container's buffers per method; run "
+                "the program in the stock runtime with etmetal.stock_runtime.register(), "
+                "which shares them, or lower without the compile spec"
+            )
         keys = parse_keys(processed, where)
         so = _named_blob(context, keys.so, where)
         weights = _named_blob(context, keys.weights, where)

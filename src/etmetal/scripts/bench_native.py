@@ -1,5 +1,6 @@
 """``etmetal bench native``: its arguments; :mod:`etmetal.bench.native_shims` measures the
-native shims against the Python shims and torch's AOTI runner (tiny model, LM decode/prefill)."""
+native shims against the Python shims and torch's AOTI runner (tiny model, proxy model,
+4-layer transformer, LM decode/prefill)."""
 
 from __future__ import annotations
 

@@ -37,9 +37,14 @@ import torch
 from .abi_codes import ITEMSIZE, TORCH_TO_DTYPE
 from .model_link import WARNINGS, NativeBuildError, build_files
 from .native_fallbacks import libtorch_cpu
-from .native_tensors import HEADER, MAX_DIMS, NDTYPES, OutSpec
+from .native_tensors import HEADER, MAX_DIMS, NDTYPES
+from .steady_run import COPY_LIMIT
 
 SOURCE = Path(__file__).with_name("fast_run.c")
+# the extension's units (the call, its construction and module, the tensors it reads and
+# makes) and the headers they include
+UNITS = (SOURCE, SOURCE.with_name("fast_run_type.c"), SOURCE.with_name("fast_run_tensors.c"))
+HEADERS = (SOURCE.with_name("fast_run.h"), SOURCE.with_name("fast_run_tensors.h"), HEADER)
 ENV = "ETMETAL_FAST_RUN"  # "0": never build one (every run takes the Python path)
 MODULE = "etmetal_fast_run"
 
@@ -66,10 +71,10 @@ def python_include() -> str:
 
 
 def _build() -> Path:
-    files = {SOURCE.name: SOURCE.read_bytes(), HEADER.name: HEADER.read_bytes()}
+    files = {p.name: p.read_bytes() for p in (*UNITS, *HEADERS)}
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     flags = ("-O2", "-std=c11", f"-I{python_include()}", *WARNINGS)
-    return build_files("fast_run", MODULE + suffix, files, [SOURCE.name], flags=flags)
+    return build_files("fast_run", MODULE + suffix, files, [p.name for p in UNITS], flags=flags)
 
 
 def _libtorch_python() -> ctypes.CDLL:
@@ -107,18 +112,20 @@ def _native() -> tuple[Any, tuple[int, ...], bytes] | None:
     return module, fns, bytes(sizes)
 
 
-def layouts(tensors: Sequence[Any]) -> bytes | None:
-    """The ``etm_out`` images of ``tensors``' layouts, or None when one is not a tensor the
-    C side describes (the caller then builds no fast run)."""
-    specs = (OutSpec * max(len(tensors), 1))()
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor) or t.dim() > MAX_DIMS or t.dtype not in TORCH_TO_DTYPE:
-            return None
-        spec = specs[i]
-        spec.dtype, spec.dim, spec.nbytes = TORCH_TO_DTYPE[t.dtype], t.dim(), 0
-        spec.sizes[: t.dim()] = tuple(t.shape)
-        spec.strides[: t.dim()] = t.stride()
-    return bytes(specs)[: ctypes.sizeof(OutSpec) * len(tensors)]
+def expected(tensors: Sequence[Any] | None, count: int) -> tuple | None | bool:
+    """``tensors`` as the tuple a ``FastRun`` checks layouts against (None: no check), or
+    False when one is not a tensor the C side reads (the caller then builds no fast run).
+    The C side reads each tensor's layout at every call, as it is then: a planned tensor a
+    dynamic shape resized is compared as resized, as the Python path compares it."""
+    if tensors is None:
+        return None
+    held = tuple(tensors)
+    if len(held) != count:
+        return False
+    for t in held:
+        if type(t) is not torch.Tensor or t.dim() > MAX_DIMS or t.dtype not in TORCH_TO_DTYPE:
+            return False
+    return held
 
 
 def build(
@@ -140,12 +147,9 @@ def build(
     native = _native()
     if native is None:
         return None
-    images = []
-    for tensors, count in ((expect_in, steady.n_in), (expect_out, steady.n_out)):
-        image = None if tensors is None else layouts(tensors)
-        if tensors is not None and (image is None or len(tensors) != count):
-            return None  # a layout C cannot describe: the Python path serves every call
-        images.append(image)
+    checks = [expected(expect_in, steady.n_in), expected(expect_out, steady.n_out)]
+    if any(c is False for c in checks):
+        return None  # a layout C cannot describe: the Python path serves every call
     module, fns, sizes = native
     ctx = steady.ctx
     return module.FastRun(
@@ -161,7 +165,8 @@ def build(
         fallback,
         finish,
         steady,
-        *images,
+        COPY_LIMIT,
+        *checks,
         guard,
         None if guard_owner is None else weakref.ref(guard_owner),
     )

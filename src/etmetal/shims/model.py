@@ -8,15 +8,14 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from etmetal.common.targets import CPU_DEVICE, HOST, METAL_DEVICE
 from etmetal.shims.abi_codes import DEVICE_CPU, DEVICE_MPS
-from etmetal.shims.model_link import NativeBuildError, link_wrapper, undefined_symbols
+from etmetal.shims.model_link import NativeBuildError, link_wrapper
 
-from . import fast_run, user_constants
-from .bridge import Bridge, BridgeError
+from . import fast_run, model_constants
+from .bridge import Bridge
 from .context import ShimContext, check_materialize
 from .model_run import (
     AotiModelError,
@@ -25,69 +24,15 @@ from .model_run import (
     nested_run_error,
     raise_unchecked,
 )
+from .model_symbols import check_needed_shims, model_link_group
 from .native_fallbacks import check_implementation
 from .proxy_executor import ExternNodeError, ProxyExecutor
 from .proxy_native import NativeProxyExecutor, serves_device
 from .standard_context import default_context
 from .steady_run import SteadyRun
-from .storage import HostAllocator, ShimError
 
 # devices a model container can be created for (the device string AOTI parses)
 DEVICES = {CPU_DEVICE: DEVICE_CPU, METAL_DEVICE: DEVICE_MPS}
-PROXY_SHIM = "aoti_torch_proxy_executor_call_function"
-
-
-def undefined_shims(so_path: str | os.PathLike) -> set[str] | None:
-    """The ``aoti_torch_*`` symbols ``so_path`` leaves undefined (None if ``nm`` is missing)."""
-    try:
-        return undefined_symbols(so_path, "aoti_")
-    except NativeBuildError as exc:
-        raise AotiModelError(str(exc)) from exc
-
-
-def _vector_math_libraries(so_path: Path) -> list[Path]:
-    """Libraries that define the vector math a host ``.so`` calls without defining it.
-
-    Inductor's vectorized CPU kernels call SLEEF (``Sleef_expf8_u10`` for ``exp`` in
-    softmax, GELU, SiLU), which libtorch_cpu carries; a ``link_libtorch=False`` build
-    leaves those symbols undefined. torch has libtorch_cpu loaded already (RTLD_LOCAL), so
-    naming it in the model's link group, after the bridge, resolves them to that copy
-    without letting any of its ``aoti_torch_*`` shadow etmetal's.
-    """
-    try:
-        sleef = undefined_symbols(so_path, "Sleef_")
-    except NativeBuildError as exc:
-        raise AotiModelError(str(exc)) from exc
-    if not sleef:
-        return []
-    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    if not lib.exists():
-        raise AotiModelError(
-            f"{so_path.name} calls SLEEF vector math ({sorted(sleef)[0]}, ...) and this torch "
-            f"has no {lib.name} to provide it"
-        )
-    return [lib]
-
-
-def model_link_group(bridge_path: Path, so_path: Path) -> list[Path]:
-    """The objects a model's link wrapper names, in order: the bridge first (its
-    ``aoti_torch_*`` serve the model), then the vector math the ``.so`` calls, then the
-    ``.so`` itself."""
-    return [bridge_path, *_vector_math_libraries(so_path), so_path]
-
-
-def _aligned_blob(
-    blob: bytes | bytearray | memoryview | None, host: HostAllocator
-) -> tuple[int, object]:
-    """A pointer to the weights and the object keeping them alive (copied only if misaligned)."""
-    if blob is None or len(blob) == 0:
-        return 0, None
-    arr = np.frombuffer(blob, dtype=np.uint8)
-    if arr.ctypes.data % host.alignment == 0:
-        return arr.ctypes.data, arr
-    buf = host.allocate(arr.nbytes)
-    buf.numpy()[:] = arr
-    return buf.data_ptr(), buf
 
 
 class AotiModel:
@@ -154,24 +99,7 @@ class AotiModel:
         self._bridge: Bridge = ctx.load_bridge()
         if not self.so_path.is_file():
             raise AotiModelError(f"{self.so_path}: no such file")
-        needed = undefined_shims(self.so_path)
-        if needed is not None:
-            missing = sorted(needed - self._bridge.exported)
-            if missing:
-                raise AotiModelError(
-                    f"{self.so_path.name} needs shims etmetal does not implement: {missing}"
-                )
-            if PROXY_SHIM in needed and extern_nodes is None:
-                raise AotiModelError(
-                    f"{self.so_path.name} runs operators without a C shim through the proxy "
-                    "executor and needs its extern-node table (AotiModel(..., extern_nodes=...))"
-                )
-            shadowed = self._bridge.shadowed(needed)
-            if shadowed:
-                raise BridgeError(
-                    f"{self.so_path.name} would bind {shadowed} to a library loaded into the "
-                    "process-wide (RTLD_GLOBAL) scope, not to etmetal"
-                )
+        check_needed_shims(self.so_path, self._bridge, extern_nodes is not None)
         # the table is parsed (and checked against the proxy executor's allow-list) before
         # the .so is mapped: a refused table never runs the .so's constructors
         executor = None
@@ -197,7 +125,7 @@ class AotiModel:
         if executor is not None:
             self._proxy = ctx.register_proxy_executor(executor)
             self._serve_proxy_natively(text)
-        self._blob_ptr, self._blob_owner = _aligned_blob(weights_blob, ctx.host)
+        self._blob_ptr, self._blob_owner = model_constants.aligned_blob(weights_blob, ctx.host)
         self._bind_api()
         ctx.model_opened(self)
         self._counted = True
@@ -316,67 +244,12 @@ class AotiModel:
             self._install_fast_run()
             num_constants = self._size("AOTInductorModelContainerGetNumConstants")
             if self.constants is not None:
-                self._lend_constants(num_constants)
+                self._constant_handles = model_constants.lend(self, num_constants)
             elif num_constants:
-                need = self._size("AOTInductorModelContainerGetConstantsBlobSize")
-                have = 0 if self._blob_owner is None else len(self._blob_owner)
-                if have < need:
-                    raise AotiModelError(
-                        f"{self.so_path.name}: weights blob has {have} bytes, the model's "
-                        f"{num_constants} constants need {need}"
-                    )
-                before = self._bridge.calls
-                self._check(
-                    lib.AOTInductorModelUpdateConstantsFromBlob(self._container, self._blob_ptr),
-                    "loading constants from the weights blob",
-                )
-                if self._bridge.calls == before:
-                    raise BridgeError(
-                        f"{self.so_path.name}: constants loaded without any shim call reaching "
-                        "etmetal: the .so is bound to another aoti_torch implementation (or "
-                        "to the bridge of another ShimContext that loaded this file first: "
-                        "give each context its own copy of the file)"
-                    )
+                model_constants.load_from_blob(self, num_constants)
         except BaseException:
             self.close()
             raise
-
-    def _lend_constants(self, count: int) -> None:
-        name = self.so_path.name
-        try:
-            user_constants.bind(self._lib, name)
-            stored = user_constants.stored_constants(self._lib, self._container, count, self._check)
-            user_constants.check_offered(stored, self.constants, name)
-        except ShimError as exc:
-            raise AotiModelError(str(exc)) from exc
-        ctx = self.context
-        before = set(ctx.handles)
-        native = ctx.native
-        # lent as native borrowed records while the native implementation serves
-        lend_native = native is not None and native.fallbacks and self._device_type == DEVICE_CPU
-        native_aliases: list[int] = []
-        try:
-            with contextlib.ExitStack() as stack:
-                if lend_native:
-                    native_aliases = stack.enter_context(native.aliases(len(stored)))
-                self._constant_handles = user_constants.lend(
-                    self._lib,
-                    self._container,
-                    {n: self.constants[n] for n, _, _ in stored},
-                    ctx.register,
-                    ctx.unregister,
-                    self._device_type,
-                    self._check,
-                    native=native if lend_native else None,
-                )
-        finally:
-            # torch's container keeps each user-managed constant under a handle of its own
-            # (MaybeOwningAtenTensorHandle(handle, user_managed=true) calls
-            # aoti_torch_new_tensor_handle) that nothing ever deletes: ours to release
-            # after the container, with the lent handles (C logged the native ones)
-            lent = set(self._constant_handles)
-            aliases = [h for h in ctx.handles if h not in before and h not in lent]
-            self._constant_handles = [*self._constant_handles, *aliases, *native_aliases]
 
     def _install_fast_run(self) -> None:
         """Serve ``run(inputs)`` by a ``FastRun`` once the steady run is armed: an instance

@@ -25,8 +25,12 @@ from .native_tensors import MAX_DIMS, NO_SLOT, RECORD_SIZE, OutSpec, RunCall, pa
 from .storage import packed_extent
 
 # new output tensors up to this size are filled by a copy in C; larger ones are adopted
-# (no copy) through the general path
-COPY_LIMIT = 64 << 10
+# (no copy) through the general path. Adopting costs the general path's Python around the
+# run: the 4-layer transformer's 256 KiB output made its run 2-4% slower adopted (limit
+# 64 KiB) than copied (etmetal bench native, interleaved), the copy itself a few
+# microseconds of a 39 ms run. Kept at a quarter of native_tensors.NATIVE_LIMIT, so a
+# native output past it (adopted) still exists
+COPY_LIMIT = 256 << 10
 
 # (sizes, strides, dtype, nbytes) of an output, as the bridge reports it
 Geometry = tuple[tuple[int, ...], tuple[int, ...], torch.dtype, int]

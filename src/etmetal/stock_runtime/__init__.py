@@ -2,8 +2,10 @@
 
 ``register()`` builds and loads ``libetmetal_stock.so``, a native
 ``executorch::runtime::BackendInterface`` registered as "MetalBackend": the stock
-runtime's ``Method`` then runs a ``host`` delegate's AOTI ``.so`` through etmetal's native
-shims (the same C the Python runtime's fast path uses), with no Python call in a run.
+runtime's ``Method`` then runs a ``host`` or ``mps_emulated`` delegate's AOTI ``.so`` through
+etmetal's native shims (the same C the Python runtime's fast path uses), with no Python call
+in a run; an ``mps_emulated`` delegate's shader libraries come verified from the stock
+shader index (``stock_mps.cpp``, ``shims/emulated_mps/stock_msl.py``).
 
 - ``init`` reads the processed bytes and the named data through the runtime's named-data
   map, checks each blob against the sha256 in its key, applies etmetal's trust policy,
@@ -18,7 +20,7 @@ shims (the same C the Python runtime's fast path uses), with no Python call in a
 - ``destroy`` deletes the container, frees the records and removes the directory.
 
 Refused at init with an ExecuTorch error and a logged message: untrusted native code,
-altered blobs, a target other than ``host`` and a ``.so`` that needs the proxy executor.
+altered blobs, an ``mps`` delegate (macOS only) and a ``.so`` that needs the proxy executor.
 """
 
 from .register import (

@@ -17,13 +17,20 @@
 #include "itemsizes.inc"  // etm_stock_itemsizes: c10 code -> bytes (build.py, from abi_codes)
 #include "native_fallbacks.h"
 #include "stock_constants.h"
+#include "mps_rules.inc"  // etm_stock_conv_rule, etm_stock_int4_* (build.py)
 #include "stock_events.h"
+#include "stock_mps.h"
 #include "stock_proxy.h"
 #include "stock_tensors.h"
 
 extern "C" {
 extern int64_t etm_native_limit, etm_native_cache_limit, etm_native_views, etm_native_borrows;
+extern int64_t etm_native_mps_limit, etm_mps_conv_rule[4], etm_mps_int4_dot_rows,
+    etm_mps_int4_tile_bytes;
 extern const char* etm_last_unbound;
+// the emulated Metal device's libtorch entry points (mps_fallbacks.cpp: the dispatcher)
+extern const etm_lt_entry etm_lt_mps_table[];
+extern const int64_t etm_lt_mps_count;
 extern char etm_check_message[1024];
 int32_t etm_run(etm_call* c);
 int32_t etm_native_delete_handle(void* h);
@@ -58,6 +65,7 @@ struct Delegate {
   std::vector<etm_out> outs;
   std::vector<int64_t> dsts;
   etm_proxy* proxy = nullptr;  // the extern-node table's calls (the delegate is their handle)
+  int32_t device = 0;  // the c10 device its tensors are on: 0, or 13 (the emulated Metal device)
 };
 std::list<Delegate*> live;  // in creation order (etm_stock_describe)
 // at exit, delegates nobody destroyed still take their private directories with them
@@ -132,12 +140,12 @@ class MetalBackend final : public et::BackendInterface {
                   et::Error::InvalidState);
     std::vector<Spec> specs;
     spec_target(compile_specs, &specs, &target);
-    if (target != "host")
+    bool mps = target == "mps_emulated";  // Inductor's Metal program, on the emulated device
+    if (target != "host" && !mps)
       return fail(where, "compiled for target '" + target + "'; etmetal's backend for the " +
-                             "stock runtime runs 'host' delegates only (run it with etmetal's " +
-                             "runtime, etmetal.runtime.Runtime, or on macOS with ExecuTorch's " +
-                             "Metal runtime; an 'mps_emulated' program needs the native mps ABI, " +
-                             "which this backend does not have)",
+                             "stock runtime runs 'host' and 'mps_emulated' delegates (run an " +
+                             "'mps' program on macOS with ExecuTorch's Metal runtime, or lower " +
+                             "it for 'mps_emulated' to run it here)",
                   et::Error::NotSupported);
     Keys keys;
     if (!parse_keys(processed->data(), processed->size(), &keys, &error))
@@ -152,11 +160,16 @@ class MetalBackend final : public et::BackendInterface {
          !named_blob(named, keys.extern_nodes, "extern-node table", &externs, &error)))
       return fail(where, error, et::Error::InvalidProgram);
     std::vector<IndexEntry> index;
+    if (mps && keys.shared_weights)  // as etmetal's runtime: the index is written for host only
+      return fail(where, "an 'mps_emulated' delegate names a weights index; the shared-weights "
+                         "layout is written for host delegates only", et::Error::InvalidProgram);
     if (keys.shared_weights && !parse_index((const char*)weights->data(), weights->size(), &index, &error))
       return fail(where, error, et::Error::InvalidProgram);
     std::string digest = delegate_digest(processed->data(), processed->size(), specs);
     std::string so_digest = key_digest(keys.so);
-    bool so_alone = keys.extern_nodes.empty();  // and host: checked above
+    // a bare .so digest vouches only for a host delegate nothing else steers (the target
+    // chooses the device its code runs on, as in etmetal's runtime)
+    bool so_alone = keys.extern_nodes.empty() && !mps;
     if (!is_trusted(digest, so_alone ? so_digest : ""))
       return fail(where, "the program contains native code (an AOTI .so, sha256 " + so_digest +
                              ") and running it gives the file your process's privileges. Load it "
@@ -166,7 +179,7 @@ class MetalBackend final : public et::BackendInterface {
                              "']) (this delegate's digest); ETMETAL_TRUSTED_BLOBS=" + digest +
                              "; ETMETAL_TRUST_NATIVE_CODE=1" +
                              (so_alone ? "" : "; the .so's own sha256 is not enough for this "
-                                              "delegate: its extern-node table steers what the .so runs"),
+                                              "delegate: its extern-node table or target steers what the .so runs"),
                   et::Error::AccessFailed);
     // the table is parsed (and checked against the allow-list) before the .so is mapped: a
     // refused table never runs the .so's constructors
@@ -180,6 +193,7 @@ class MetalBackend final : public et::BackendInterface {
     Delegate* d = new Delegate();
     d->where = where;
     d->proxy = proxy;
+    d->device = mps ? ETM_DEVICE_MPS : 0;
     if (proxy) etm_proxy_bind(d, proxy);
     live.push_back(d);
     std::string so_path;
@@ -193,7 +207,8 @@ class MetalBackend final : public et::BackendInterface {
     }
     etm_last_unbound = nullptr;  // what the container's creation reports is its own
     etm_check_message[0] = '\0';
-    int32_t rc = d->api.create(&d->container, 1, "cpu", nullptr);
+    take_mps_error();
+    int32_t rc = d->api.create(&d->container, 1, mps ? "mps" : "cpu", nullptr);
     if (rc) {
       d->container = nullptr;
       error = container_error(d->api, rc, "creating the model container");
@@ -201,9 +216,31 @@ class MetalBackend final : public et::BackendInterface {
                (rc = d->api.num_outputs(d->container, &d->n_out))) {
       error = container_error(d->api, rc, "reading the inputs and outputs");
     }
-    bool ok = !rc && (keys.shared_weights
-                          ? d->constants.lend_index(d->api, d->container, named, index, &error)
-                          : d->constants.load_blob(d->api, d->container, std::move(weights), &error));
+    bool ok = !rc;
+    if (ok && keys.shared_weights) {
+      ok = d->constants.lend_index(d->api, d->container, named, index, &error);
+    } else if (ok && mps) {
+      // one device image per program for the methods that name this blob; a layout the
+      // probe cannot read keeps the container's own copy (upstream's behaviour)
+      std::string why;
+      bool share_buffers = false;
+      for (const Spec& s : specs) share_buffers |= s.key == "share_mutable_buffers" && s.value == "1";
+      ok = d->constants.share_device_blob(d->api, d->container, named, keys.weights, &weights,
+                                          share_buffers, &why) ||
+           (weights && d->constants.load_blob(d->api, d->container, std::move(weights), &error));
+      if (!ok && error.empty()) error = why;
+      else if (!why.empty()) ET_LOG(Info, "%s: weights not shared: %s", where.c_str(), why.c_str());
+    } else if (ok) {
+      ok = d->constants.load_blob(d->api, d->container, std::move(weights), &error);
+    }
+    // the Metal wrapper ignores the return codes of its mps calls (the constants' copies)
+    std::string device_error = take_mps_error();
+    if (ok && mps && (!device_error.empty() || etm_last_unbound)) {
+      ok = false;
+      error = "loading the constants on the emulated Metal device failed (" +
+              (device_error.empty() ? std::string("shim ") + etm_last_unbound + " is not served natively"
+                                    : device_error) + ")";
+    }
     if (!ok) {
       destroy_delegate(d);
       return fail(where, error, et::Error::InvalidProgram);
@@ -232,6 +269,7 @@ class MetalBackend final : public et::BackendInterface {
                     i < d->n_in ? nullptr : &d->outs[i - d->n_in],
                     i < d->n_in ? nullptr : &d->dsts[i - d->n_in], &error))
         return fail(d->where, error, et::Error::InvalidArgument);
+    for (size_t i = 0; i < d->n_in; i++) d->images[i].device_type = d->device;
     et::EventTracerEntry event =
         et::event_tracer_start_profiling_delegate(context.event_tracer(), "MetalBackend.execute",
                                                   et::kUnsetDelegateDebugIntId);
@@ -240,17 +278,26 @@ class MetalBackend final : public et::BackendInterface {
                   d->outs.data(), d->dsts.data(), 0, 0, d->proxy ? (void*)d : nullptr};
     etm_last_unbound = nullptr;
     etm_check_message[0] = '\0';
+    take_mps_error();
     current_tracer = context.event_tracer();
     int32_t rc = etm_run(&call);
     current_tracer = nullptr;
     open_events.clear();
     bool ok = rc == 0;
+    // a failed Metal launch returns 1 to a wrapper that ignores it: the run must fail
+    std::string device_error = d->device ? take_mps_error() : std::string();
     if (rc == ETM_NO_SLOT) error = "no native record is free for the inputs" + shim_context();
     else if (rc) error = container_error(d->api, rc, "running the model container");
+    if (d->device && (!device_error.empty() || etm_last_unbound)) {
+      ok = false;
+      error = (rc ? error + "; " : std::string()) + "the emulated Metal device failed (" +
+              (device_error.empty() ? std::string("shim ") + etm_last_unbound + " is not served natively"
+                                    : device_error) + ")";
+    }
     for (size_t j = 0; j < d->n_out; j++) {  // outputs etm_run could not copy as predicted
       void* h = d->out_handles[j];
       if (!h) continue;
-      if (ok) ok = place_output(j, h, args[d->n_in + j]->toTensor(), &error);
+      if (ok) ok = place_output(j, h, args[d->n_in + j]->toTensor(), d->device, &error);
       if (etm_native_delete_handle(h) != 0 && ok) {
         ok = false;
         error = "output " + std::to_string(j) + " (handle " + handle_hex(h) + ") is not a native tensor";
@@ -334,6 +381,12 @@ ETM_EXPORT int32_t etm_stock_configure(const char* libtorch) {
   etm_native_limit = etm_stock::kNativeLimit;
   etm_native_cache_limit = etm_stock::kCacheLimit;
   etm_native_views = etm_native_borrows = etm_native_fallbacks = 1;
+  // the emulated Metal device's tensors are native records too (its memory is host memory)
+  etm_native_mps_limit = etm_stock::kNativeLimit;
+  for (int i = 0; i < 4; i++) etm_mps_conv_rule[i] = etm_stock_conv_rule[i];
+  etm_mps_int4_dot_rows = etm_stock_int4_dot_rows;
+  etm_mps_int4_tile_bytes = etm_stock_int4_tile_bytes;
+  etm_stock::configure_mps_device();
   char real[PATH_MAX];
   void* lt = libtorch ? dlopen(libtorch, RTLD_NOW | RTLD_LOCAL) : nullptr;
   if (!lt || !realpath(libtorch, real)) {
@@ -342,10 +395,11 @@ ETM_EXPORT int32_t etm_stock_configure(const char* libtorch) {
                          (libtorch ? libtorch : "(null)") + ": " + (why ? why : "no such file"));
     return 1;
   }
-  // the hand-written fallbacks' table, then the one generated from torch's headers
-  const etm_lt_entry* tables[2] = {etm_lt_table, etm_lt_gen_table};
-  const int64_t counts[2] = {etm_lt_count, etm_lt_gen_count};
-  for (int k = 0; k < 2; k++)
+  // the hand-written fallbacks' table, the one generated from torch's headers, the
+  // emulated Metal device's
+  const etm_lt_entry* tables[3] = {etm_lt_table, etm_lt_gen_table, etm_lt_mps_table};
+  const int64_t counts[3] = {etm_lt_count, etm_lt_gen_count, etm_lt_mps_count};
+  for (int k = 0; k < 3; k++)
     for (int64_t i = 0; i < counts[k]; i++) {
       void* fn = dlsym(lt, tables[k][i].name);
       if (!fn) {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,6 +50,15 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.etm_stock_configure_proxy.restype = ctypes.c_int32
     lib.etm_stock_set_extern_names.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.etm_stock_set_extern_names.restype = None
+    lib.etm_stock_configure_msl.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_uint32,
+    ]
+    lib.etm_stock_configure_msl.restype = ctypes.c_int32
+    lib.etm_stock_mps_libraries.restype = ctypes.c_int64
+    lib.etm_stock_mps_compiles.restype = ctypes.c_int64
 
 
 def _load() -> ctypes.CDLL:
@@ -74,6 +84,10 @@ def _load() -> ctypes.CDLL:
     # linked against libtorch's C++ API)
     if lib.etm_stock_configure_proxy(str(proxy_native.library_path()).encode()) != 0:
         raise StockRuntimeError(lib.etm_stock_last_error().decode(errors="replace"))
+    # the emulated Metal device's shader libraries: the stock shader index of this cache,
+    # and this interpreter to compile a library the index lacks (in a subprocess)
+    if configure_msl(lib) != 0:
+        raise StockRuntimeError(lib.etm_stock_last_error().decode(errors="replace"))
     leaked = [n for n in ("aoti_torch_empty_strided", "etm_run") if hasattr(ctypes.CDLL(None), n)]
     if leaked:
         raise StockRuntimeError(f"{path.name} put {leaked} into the process-wide scope")
@@ -81,6 +95,33 @@ def _load() -> ctypes.CDLL:
         raise StockRuntimeError(f"{BACKEND_ID!r} is not in the stock runtime's backend registry")
     _lib, _path = lib, path
     return lib
+
+
+def msl_settings() -> dict[str, str]:
+    """What the native side needs to find and make compiled shader libraries: the cache
+    root, the compiler's toolchain digest, the interpreter that compiles a missing library,
+    threadgroup workers (``etmetal_runner`` reads them from ``ETMETAL_MSL_*``)."""
+    import torch
+
+    from etmetal.common.cache import cache_root, prepare_root
+    from etmetal.shims.emulated_mps.stock_msl import toolchain_digest
+
+    return {
+        "ETMETAL_MSL_ROOT": str(prepare_root(cache_root()).resolve()),
+        "ETMETAL_MSL_TOOLCHAIN": toolchain_digest(),
+        "ETMETAL_MSL_PYTHON": sys.executable,
+        "ETMETAL_MSL_WORKERS": str(max(1, torch.get_num_threads())),
+    }
+
+
+def configure_msl(lib: ctypes.CDLL) -> int:
+    settings = msl_settings()
+    return lib.etm_stock_configure_msl(
+        settings["ETMETAL_MSL_ROOT"].encode(),
+        settings["ETMETAL_MSL_TOOLCHAIN"].encode(),
+        settings["ETMETAL_MSL_PYTHON"].encode(),
+        int(settings["ETMETAL_MSL_WORKERS"]),
+    )
 
 
 def register(trust_native_code: bool = False, trusted_blob_hashes: Iterable[str] = ()) -> None:
@@ -163,6 +204,12 @@ def native_counts() -> dict[str, int]:
     counts["python_calls"] = sum((ctypes.c_uint64 * max(rows, 1)).in_dll(lib, "etm_shim_python"))
     counts["delegates"] = lib.etm_stock_live_delegates()
     counts["shared_entries"] = lib.etm_stock_shared_entries()
+    counts["shader_libraries"] = lib.etm_stock_mps_libraries()
+    counts["shader_compiles"] = lib.etm_stock_mps_compiles()
+    counts["mps_storages"] = sum(
+        ctypes.c_int64.in_dll(lib, f"etm_native_mps_{name}").value
+        for name in ("stores", "borrowed")
+    )
     return counts
 
 

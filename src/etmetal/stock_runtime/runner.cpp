@@ -234,6 +234,21 @@ int run(const Options& o) {
       return fail(ExitCode::kBackendLib, lib + ": " +
                                              (last_error ? last_error() : "etm_stock_configure failed"));
     }
+    // the emulated Metal device's compiled shader libraries: where the cache is, what
+    // built it, the interpreter that compiles a missing one (run_native sets ETMETAL_MSL_*;
+    // without them an mps_emulated delegate fails to create its libraries, by name)
+    using ConfigureMsl = int32_t (*)(const char*, const char*, const char*, uint32_t);
+    auto msl = reinterpret_cast<ConfigureMsl>(dlsym(handle, "etm_stock_configure_msl"));
+    const char* msl_root = std::getenv("ETMETAL_MSL_ROOT");
+    const char* msl_chain = std::getenv("ETMETAL_MSL_TOOLCHAIN");
+    if (msl != nullptr && msl_root != nullptr && msl_chain != nullptr) {
+      const char* workers = std::getenv("ETMETAL_MSL_WORKERS");
+      int n = workers != nullptr ? std::atoi(workers) : 0;
+      if (msl(msl_root, msl_chain, std::getenv("ETMETAL_MSL_PYTHON"), n > 0 ? (uint32_t)n : 1) != 0) {
+        return fail(ExitCode::kBackendLib,
+                    lib + ": " + (last_error ? last_error() : "etm_stock_configure_msl failed"));
+      }
+    }
     // and the proxy library that runs a delegate's extern-node table, when given
     using ConfigureProxy = int32_t (*)(const char*);
     auto proxy = reinterpret_cast<ConfigureProxy>(dlsym(handle, "etm_stock_configure_proxy"));

@@ -29,6 +29,8 @@ import torch
 from etmetal.common.native_build import WARNINGS, build_sources
 from etmetal.common.scalar_types import SCALAR_TYPE_CODES
 
+from .register import msl_settings
+
 __all__ = [
     "EXIT_CODES",
     "describe",
@@ -267,6 +269,9 @@ def run_runner(
     :class:`NativeRunError` with the runner's message on any failure."""
     libs = default_backend_libs() if backend_libs is None else [Path(p) for p in backend_libs]
     env = trust_environment(trust_native_code, trusted_blob_hashes)
+    # where an mps_emulated delegate's compiled shader libraries are, and what compiles a
+    # missing one (a Python subprocess of the runner; the runner itself has no Python)
+    env.update({k: v for k, v in msl_settings().items() if k not in os.environ})
     with tempfile.TemporaryDirectory(prefix="etmetal-runner-") as tmp:
         work = Path(tmp)
         args = [

@@ -31,6 +31,9 @@ struct Aoti {
   int32_t (*constant_size)(void*, size_t, size_t*);
   int32_t (*lend_pairs)(void*, const ConstantPair*, size_t, bool, bool);
   int32_t (*last_error)(const char**);  // may be absent
+  int32_t (*constant_type)(void*, size_t, int32_t*);  // may be absent
+  int32_t (*extract)(void*, const ConstantPair**, size_t*, bool);  // may be absent
+  int32_t (*constant_fqn)(void*, size_t, const char**);  // may be absent
 };
 // the container functions of a loaded model (lib: its link wrapper's handle)
 bool bind_aoti(void* lib, Aoti* api, std::string* error);
@@ -56,6 +59,15 @@ class Constants {
   bool lend_index(const Aoti& api, void* container,
                   const executorch::runtime::NamedDataMap* named,
                   const std::vector<IndexEntry>& entries, std::string* error);
+  // the one blob of an emulated-Metal (device 13) container, shared by every delegate of
+  // the program that names the same blob: read, checked and laid out once as the device
+  // image the container would build (a probe container reports each constant's geometry),
+  // then lent as user-managed constants; buffers (the KV caches) copied per delegate
+  // unless share_buffers (compile spec share_mutable_buffers): then the image's one copy
+  bool share_device_blob(const Aoti& api, void* container, const executorch::runtime::NamedDataMap* named,
+                         const std::string& key,
+                         std::unique_ptr<executorch::runtime::FreeableBuffer>* blob,
+                         bool share_buffers, std::string* error);
   // after the container is deleted: the records, copies and shared entries it held
   void release();
   const std::vector<Lent>& lent() const { return lent_; }

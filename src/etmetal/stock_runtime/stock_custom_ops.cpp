@@ -12,13 +12,25 @@
 #include <cstring>
 #include <vector>
 
+// shims/int4_linear.c is compiled once, into the bridge (with the emulated Metal device's
+// fallbacks, shims/emulated_mps/bridge_source.py); its functions, as it defines them
+#define ETM_INT4_MAX_GROUP 256 /* int4_linear.c's: torchao's largest group size */
 extern "C" {
-#include "int4_linear.c"
+int etm_int4_max_group(void);
+int etm_int4_linear_f32(const float* a, const uint8_t* packed, const float* s, const float* z,
+                        int64_t m, int64_t k, int64_t n, int64_t group_size, int64_t ld_sz,
+                        float* out);
+int etm_int4_dequantize_rows(const uint8_t* packed, const float* s, const float* z, int64_t row0,
+                             int64_t rows, int64_t k, int64_t group_size, int64_t ld_sz,
+                             float* out);
 }
 
 namespace {
 
 const int32_t kFloat = 6, kByte = 0;  // c10 codes of float32, uint8
+// the device the operator's tensors are on: 0, or 13 while an emulated-Metal delegate calls
+// the aoti_torch_mps_ form (its memory is host memory, the computation the same)
+int32_t op_device = 0;
 
 int bad(const char* op, const char* message) {
   std::snprintf(etm_check_message, sizeof(etm_check_message), "%s: %s", op, message);
@@ -27,7 +39,7 @@ int bad(const char* op, const char* message) {
 
 const etm_rec* host(void* h, int32_t dtype, int64_t dim) {
   const etm_rec* r = etm_rec_of(h);
-  return r && r->device_type == 0 && r->dtype == dtype && r->dim == dim ? r : nullptr;
+  return r && r->device_type == op_device && r->dtype == dtype && r->dim == dim ? r : nullptr;
 }
 
 // the float32 elements of r in row-major order of its sizes (any strides)
@@ -60,7 +72,7 @@ bool group_ok(int64_t g) { return g == 32 || g == 64 || g == 128 || g == 256; }
 
 // a new contiguous float32 tensor of sizes (a native record)
 bool new_floats(int64_t dim, const int64_t* sizes, void** ret) {
-  return etm_native_empty(dim, sizes, nullptr, kFloat, 0, 0, ret) != 0;
+  return etm_native_empty(dim, sizes, nullptr, kFloat, op_device, 0, ret) != 0;
 }
 
 }  // namespace
@@ -191,4 +203,22 @@ extern "C" int etm_stock_gated_delta_rule(void* q, void* k, void* v, void* g, vo
     }
   }
   return 0;
+}
+
+// the emulated Metal device's forms of the same operators (aoti_torch_mps_gather_qmv, ...)
+struct OnMps {
+  OnMps() { op_device = ETM_DEVICE_MPS; }
+  ~OnMps() { op_device = 0; }
+};
+
+extern "C" int etm_stock_mps_gather_qmv(void* x, void* w, void* s, void* z, void* idx,
+                                        int64_t group_size, void** ret) {
+  OnMps on;
+  return etm_stock_gather_qmv(x, w, s, z, idx, group_size, ret);
+}
+
+extern "C" int etm_stock_mps_gated_delta_rule(void* q, void* k, void* v, void* g, void* beta,
+                                              void* state, void** ret) {
+  OnMps on;
+  return etm_stock_gated_delta_rule(q, k, v, g, beta, state, ret);
 }

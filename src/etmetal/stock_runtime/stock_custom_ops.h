@@ -16,6 +16,11 @@ int etm_stock_gather_qmv(void* x, void* w, void* s, void* z, void* idx, int64_t 
                          void** ret);
 int etm_stock_gated_delta_rule(void* q, void* k, void* v, void* g, void* beta, void* state,
                                void** ret);
+// the same on the emulated Metal device's tensors (device 13)
+int etm_stock_mps_gather_qmv(void* x, void* w, void* s, void* z, void* idx, int64_t group_size,
+                             void** ret);
+int etm_stock_mps_gated_delta_rule(void* q, void* k, void* v, void* g, void* beta, void* state,
+                                   void** ret);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -60,13 +60,14 @@ bool describe_value(et::EValue* v, size_t i, etm_rec* image, etm_out* out, int64
 }
 
 // copy output j's record into its planned tensor, resizing a dynamic output
-bool place_output(size_t j, void* h, Tensor t, std::string* error) {
+bool place_output(size_t j, void* h, Tensor t, int32_t device, std::string* error) {
   const etm_rec* r = etm_rec_of(h);
   std::string what = "output " + std::to_string(j) + " (handle " + handle_hex(h) + ")";
   if (!r) return *error = what + " is not a live tensor", false;
-  if (r->dtype != (int32_t)t.scalar_type() || r->device_type != 0)
-    return *error = what + " is dtype code " + std::to_string(r->dtype) + ", the program " +
-                    "planned " + std::to_string((int)t.scalar_type()), false;
+  if (r->dtype != (int32_t)t.scalar_type() || r->device_type != device)
+    return *error = what + " is dtype code " + std::to_string(r->dtype) + " on device type " +
+                    std::to_string(r->device_type) + ", the program planned " +
+                    std::to_string((int)t.scalar_type()) + " on " + std::to_string(device), false;
   bool same = r->dim == t.dim();
   for (int64_t d = 0; same && d < r->dim; d++) same = r->sizes[d] == t.size(d);
   if (!same) {

@@ -16,7 +16,8 @@ std::string handle_hex(const void* p);
 bool describe_value(executorch::runtime::EValue* v, size_t i, etm_rec* image, etm_out* out,
                     int64_t* dst, std::string* error);
 // copy output j's record (handle h) into its planned tensor t, resizing a dynamic output
-bool place_output(size_t j, void* h, executorch::aten::Tensor t, std::string* error);
+bool place_output(size_t j, void* h, executorch::aten::Tensor t, int32_t device,
+                  std::string* error);
 
 }  // namespace etm_stock
 

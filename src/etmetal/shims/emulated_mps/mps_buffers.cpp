@@ -28,6 +28,17 @@ ETM_EXPORT int32_t etm_mps_buffer_holds(uint64_t p, uint64_t n) {
 
 static const uint64_t etm_mps_max_bytes = 1ULL << 48;  // mps_device._check_size
 
+// memory a copy may read besides the buffers: the weights blob of the container loading
+// its constants, set by a host that has no Python to ask (the stock runtime's backend) for
+// the length of that load; [0, 0) otherwise
+ETM_EXPORT uint64_t etm_mps_lent_start = 0, etm_mps_lent_bytes = 0;
+
+static int etm_mps_lent_holds(uint64_t p, uint64_t n) {
+  uint64_t end;
+  return etm_mps_lent_bytes && p >= etm_mps_lent_start && !__builtin_add_overflow(p, n, &end) &&
+         end <= etm_mps_lent_start + etm_mps_lent_bytes;
+}
+
 // served: 1 (with *rc); 0: Python's shim decides
 static int etm_mps_malloc(void** buffer, size_t n, int32_t* rc) {
   if (!etm_mps_native || !etm_native_fallbacks || !buffer || n > etm_mps_max_bytes) return 0;
@@ -65,7 +76,8 @@ static int etm_mps_copy(void* dst, size_t dst_off, const void* src, size_t src_o
   if (dst_off > etm_mps_max_bytes || src_off > etm_mps_max_bytes || n > etm_mps_max_bytes)
     return 0;
   uint64_t d = (uint64_t)(uintptr_t)dst + dst_off, s = (uint64_t)(uintptr_t)src + src_off;
-  if (!etm_mps_buffer_holds(d, n) || !etm_mps_buffer_holds(s, n)) return 0;
+  if (!etm_mps_buffer_holds(d, n) || !(etm_mps_buffer_holds(s, n) || etm_mps_lent_holds(s, n)))
+    return 0;
   std::memmove((void*)(uintptr_t)d, (const void*)(uintptr_t)s, n);
   *rc = 0;
   return 1;

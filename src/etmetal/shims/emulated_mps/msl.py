@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -159,6 +160,8 @@ class MslFunction:
         self.path: str = kernel.path if loop is not None or kernel.path == "fibers" else "fibers"
         self.path_reason: str = kernel.path_reason
         self.runs_as_loop: bool = self.path == "loop"  # its threadgroups run as plain loops
+        # a split kernel whose threadgroups run in batches (c10's Welford reduction interleaved)
+        self.batched: bool = self.path == "split" and kernel.batch
         self._index_set = frozenset(self.buffer_indices)
         self._slot_type = ctypes.c_void_p * (
             (max(self.buffer_indices) + 1) if self.buffer_indices else 1
@@ -342,4 +345,18 @@ def compile_library(source: str, checked: bool = False, split: bool = True) -> M
             raise MslError(f"kernel '{e.kernel}': {e}", kernel=e.kernel) from None
         lib = _libraries[(source, checked, split)] = MslLibrary(so, kernels, sites, checked)
         log_paths(kernels)
+        if not checked and split:
+            _publish(source, lib)
         return lib
+
+
+def _publish(source: str, lib: MslLibrary) -> None:
+    """Record the library for the stock runtime's native side (stock_msl); a cache that
+    cannot take the record costs that side a compile, never this one its library."""
+    from etmetal.common.cache import CacheError
+    from etmetal.shims.emulated_mps import stock_msl
+
+    try:
+        stock_msl.publish(source, lib)
+    except (OSError, CacheError) as exc:
+        logging.getLogger(__name__).debug("etmetal: no stock shader record: %s", exc)
