@@ -27,6 +27,7 @@ from etmetal.shims import (
     bridge,
     fallback_codegen,
     int4_kernel,
+    native_custom_ops,
     native_fallbacks,
     native_tensors,
     proxy_native,
@@ -153,6 +154,13 @@ MPS = BridgeSource(
             for name, call in _MPS_LOAD_PATHS.items()
         },
         **_GETTER_PATHS,
+        # the int4 linear on the emulated device (shims/native_custom_ops.cpp, linked in); the
+        # Metal operators are stock_custom_ops.cpp's (_CUSTOM_OP_PATHS)
+        **{
+            name: _with_event(name, path)
+            for name, path in native_custom_ops.NATIVE_PATHS.items()
+            if name.startswith("aoti_torch_mps_") and name not in _CUSTOM_OP_PATHS
+        },
     },
     native_only=bridge_source.NATIVE_ONLY,
 )
@@ -259,6 +267,7 @@ def build_library() -> Path:
                 native_tensors.RECORDS_HEADER,
                 *native_fallbacks.SOURCES,
                 native_fallbacks.HEADER,
+                native_custom_ops.SOURCE,
             )
         },
         **fallback_codegen.files(),
@@ -277,6 +286,7 @@ def build_library() -> Path:
             [
                 "libetmetal_bridge.cpp",
                 *(p.name for p in (*native_tensors.SOURCES, *native_fallbacks.SOURCES)),
+                native_custom_ops.SOURCE.name,
                 proxy_native.HOST_SOURCE.name,
                 proxy_native.JSON_READER.name,
                 *SOURCES,

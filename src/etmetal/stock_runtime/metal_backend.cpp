@@ -25,8 +25,8 @@
 
 extern "C" {
 extern int64_t etm_native_limit, etm_native_cache_limit, etm_native_views, etm_native_borrows;
-extern int64_t etm_native_mps_limit, etm_mps_conv_rule[4], etm_mps_int4_dot_rows,
-    etm_mps_int4_tile_bytes;
+extern int64_t etm_native_mps_limit, etm_mps_conv_rule[4], etm_int4_dot_rows,
+    etm_int4_tile_bytes;
 extern const char* etm_last_unbound;
 // the emulated Metal device's libtorch entry points (mps_fallbacks.cpp: the dispatcher)
 extern const etm_lt_entry etm_lt_mps_table[];
@@ -384,8 +384,8 @@ ETM_EXPORT int32_t etm_stock_configure(const char* libtorch) {
   // the emulated Metal device's tensors are native records too (its memory is host memory)
   etm_native_mps_limit = etm_stock::kNativeLimit;
   for (int i = 0; i < 4; i++) etm_mps_conv_rule[i] = etm_stock_conv_rule[i];
-  etm_mps_int4_dot_rows = etm_stock_int4_dot_rows;
-  etm_mps_int4_tile_bytes = etm_stock_int4_tile_bytes;
+  etm_int4_dot_rows = etm_stock_int4_dot_rows;
+  etm_int4_tile_bytes = etm_stock_int4_tile_bytes;
   etm_stock::configure_mps_device();
   char real[PATH_MAX];
   void* lt = libtorch ? dlopen(libtorch, RTLD_NOW | RTLD_LOCAL) : nullptr;

@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 
-// shims/int4_linear.c is compiled once, into the bridge (with the emulated Metal device's
-// fallbacks, shims/emulated_mps/bridge_source.py); its functions, as it defines them
+// shims/int4_linear.c is compiled once, into the bridge (inside shims/native_custom_ops.cpp,
+// the custom operators' native unit); its functions, as it defines them
 #define ETM_INT4_MAX_GROUP 256 /* int4_linear.c's: torchao's largest group size */
 extern "C" {
 int etm_int4_max_group(void);
