@@ -19,7 +19,7 @@ two headers ``fast_run.h``, ``fast_run_tensors.h``) are a CPython extension: the
 interpreter's include folder, as their build does. Sources of ``stock_runtime/`` include ExecuTorch's runtime headers: they get the wheel's
 include folders and definitions, as their build does (``executorch_compile_flags``), the
 ``shims/`` folder (the native layer the MetalBackend links) and the two includes its build
-generates (``itemsizes.inc``, ``wrapper_template.inc``, written by ``stock_runtime.build``).
+generates (``itemsizes.inc``, ``mps_rules.inc``, ``wrapper_template.inc``, written by ``stock_runtime.build``).
 The proxy library's units (``shims/proxy_native.cpp``, ``proxy_parse.cpp``, ``proxy_nodes.h``)
 include torch's C++ headers and the rules table their build generates (``proxy_rules.h``):
 they get both, as their build does (``proxy_native``).
@@ -108,6 +108,7 @@ def stock_generated(tmp_path_factory) -> Path:
     for name, content in fallback_codegen.files().items():
         (directory / name).write_bytes(content)
     (directory / "itemsizes.inc").write_bytes(build._itemsize_include())
+    (directory / "mps_rules.inc").write_bytes(build._mps_rules_include())
     (directory / proxy_rules.HEADER_NAME).write_text(proxy_rules.generate())
     template = build._template_include(build.wrapper_template())
     (directory / "wrapper_template.inc").write_bytes(template)
