@@ -11,27 +11,29 @@ the ``.so`` files make and what each returned. The two arms must agree:
 - the Python arm really ran on the Python shims: every shim it called was served in Python,
   except the ones the bridge always serves in C (:data:`ALWAYS_NATIVE`).
 
-The mapping, what may legitimately differ between the two sequences:
+Both arms must run fresh mappings of the ``.so`` files: a ``.so`` memoizes some calls in
+function-local statics (the type codes, ``aoti_torch_dtype_*`` and the like; an
+``mps_emulated`` wrapper's shader libraries and kernel functions), made once per mapping,
+so an arm reusing the other's mapping would skip them (and use the other implementation's
+library handles). ``pte_workload`` gets that from the runtime, which writes each delegate's
+``.so`` to a private directory per load; ``aoti_workload`` copies the ``.so`` per arm.
 
-- The type-code shims (``aoti_torch_dtype_*``, ``aoti_torch_device_type_*``,
-  ``aoti_torch_layout_*``, ...: ``abi_codes.constant_shims``) are one C function in the
-  bridge for both implementations, and a ``.so`` memoizes their values in function-local
-  statics: they are called once per process in which the ``.so`` is mapped, so whether an
-  arm sees them depends on which arm ran first, not on the implementation. They are compared
-  apart: the values each arm saw must agree, their positions are not compared.
-Nothing else is mapped: a shim the native layer serves differently still is the same call
-of the ``.so``, with the same result.
+With that, nothing is mapped between the two sequences: every call of the ``.so`` is
+compared by position, name and result. The one difference the implementations may show is
+where a call was served, which the per-shim counts check (:func:`check_reference_ran_in_python`).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from etmetal.shims import default_context
-from etmetal.shims.abi_codes import constant_shims
 
 from .shim_trace import Call, tracing
 
@@ -55,18 +57,6 @@ class Arm:
     calls: list[Call]
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def sequence(self) -> list[Call]:
-        """The calls compared position by position (the type-code shims left out)."""
-        codes = constant_shims()
-        return [c for c in self.calls if c.name not in codes]
-
-    def type_codes(self) -> dict[str, set[int]]:
-        codes = constant_shims()
-        seen: dict[str, set[int]] = {}
-        for c in self.calls:
-            if c.name in codes:
-                seen.setdefault(c.name, set()).add(c.result)
-        return seen
 
 
 @dataclass
@@ -148,7 +138,7 @@ def _window(calls: list[Call], at: int) -> str:
 
 
 def compare_calls(native: Arm, python: Arm) -> None:
-    a, b = native.sequence(), python.sequence()
+    a, b = native.calls, python.calls
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             raise DifferentialMismatch(
@@ -161,10 +151,6 @@ def compare_calls(native: Arm, python: Arm) -> None:
             f"native made {len(a)} shim calls, Python {len(b)}; the first extra: "
             f"{(a if len(a) > len(b) else b)[i]}"
         )
-    codes_a, codes_b = native.type_codes(), python.type_codes()
-    for name in set(codes_a) & set(codes_b):
-        if codes_a[name] != codes_b[name]:
-            raise DifferentialMismatch(f"{name} returned {codes_a[name]} vs {codes_b[name]}")
 
 
 def _served_in_c_on_both(name: str) -> bool:
@@ -202,3 +188,66 @@ def differential(work: Callable[[str], Outputs], context=None, *, lent: int = 0)
     compare_calls(native, python)
     check_reference_ran_in_python(python, lent)
     return Report(native, python)
+
+
+# --- workloads: what the differential test runs ---------------------------------------------
+
+# one step of a workload: (method name, its inputs, or a function of the outputs so far)
+Step = tuple[str, "Sequence[torch.Tensor] | Callable[[list[list[torch.Tensor]]], Sequence]"]
+
+
+def _inputs_of(step_inputs, done: list[list[torch.Tensor]]) -> list:
+    return list(step_inputs(done) if callable(step_inputs) else step_inputs)
+
+
+def pte_workload(pte: bytes, steps: Sequence[Step]) -> Callable[[str], Outputs]:
+    """A workload executing a ``.pte``'s methods in etmetal's runtime, ``steps`` in order
+    (each method loaded once, destroyed at the end)."""
+
+    def work(implementation: str) -> Outputs:
+        from etmetal.runtime import Runtime
+
+        program = Runtime.get().load_program(pte, trust_native_code=True)
+        methods = {name: program.load_method(name) for name in dict.fromkeys(n for n, _ in steps)}
+        done: list[list[torch.Tensor]] = []
+        try:
+            for name, step_inputs in steps:
+                outs = methods[name].execute(_inputs_of(step_inputs, done))
+                done.append([t.detach().clone() for t in outs])
+        finally:
+            for method in methods.values():
+                method.destroy()
+        return done
+
+    return work
+
+
+def aoti_workload(
+    artifact, runs: Sequence[Sequence[torch.Tensor]], *, device: str = "cpu"
+) -> Callable[[str], Outputs]:
+    """A workload opening ``artifact`` (an ``AotiArtifact``) as one ``AotiModel`` on the
+    arm's implementation and running it once per entry of ``runs``."""
+
+    def work(implementation: str) -> Outputs:
+        from etmetal.shims import AotiModel
+
+        done = []
+        # a fresh mapping of the .so per arm (module docstring)
+        directory = Path(tempfile.mkdtemp(prefix="etmetal-differential-"))
+        try:
+            so_path = directory / artifact.so_path.name
+            shutil.copyfile(artifact.so_path, so_path)
+            with AotiModel(
+                so_path,
+                artifact.weights_bytes(),
+                device=device,
+                extern_nodes=artifact.extern_nodes_bytes(),
+                shims=implementation,
+            ) as model:
+                for inputs in runs:
+                    done.append([t.detach().clone() for t in model.run(list(inputs))])
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return done
+
+    return work
