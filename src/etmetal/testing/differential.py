@@ -58,7 +58,6 @@ class Arm:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-
 @dataclass
 class Report:
     native: Arm
