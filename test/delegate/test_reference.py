@@ -99,6 +99,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 @pytest.mark.parametrize("name", ["linear_bias", "rope_split_halves"])
 def test_thousand_executes_keep_memory_flat(name, lowered):
     low = lowered(

@@ -34,9 +34,9 @@ from etmetal.testing.differential import (
 )
 
 TARGETS = ("host", "mps_emulated")
-# view_copy cases no other test compiles for Metal: a non-packed slice, a permute and a
-# channels-last 3-D input (each a cold compile per target, so a sample, not all nine)
-VIEW_COPY_SAMPLE = ("sliced", "permuted", "channels_last_3d")
+# view_copy cases no other test compiles for Metal: a non-packed slice and a channels-last
+# 3-D input (each is a cold compile per target, ~40-60 s: a sample, not all nine)
+VIEW_COPY_SAMPLE = ("sliced", "channels_last_3d")
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def mps_lm_program() -> bytes:
     return llm.lower_methods(llm.lm_exports(model, prompt_len=PROMPT), target="mps_emulated").buffer
 
 
-@pytest.mark.parametrize("layout", ["shared", "upstream"])
+@pytest.mark.parametrize("layout", ["shared", "one_blob"])
 def test_the_two_method_lm_is_the_same_on_both_implementations(layout, tiny_lm_programs, no_leaks):
     from etmetal.bench.llm import program_paths
 

@@ -166,6 +166,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 def test_ten_thousand_fast_runs_leave_storages_refcounts_and_rss_flat(model):
     x = _x(0)
     for _ in range(3000):

@@ -221,6 +221,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 def test_10000_executes_leave_rss_and_native_storages_flat(no_leaks):
     """Native mps tensors, mps fallbacks' results and their views are all given back."""
     module, inputs = get_demo("patch_embedding")
