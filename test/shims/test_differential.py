@@ -212,7 +212,9 @@ def test_the_harness_names_a_differing_output_and_a_differing_call():
     from etmetal.testing.shim_trace import Call
 
     native = diff.Arm("native", [[torch.zeros(3)]], [Call("aoti_torch_empty_strided", 0)])
-    python = diff.Arm("python", [[torch.tensor([0.0, -0.0, 0.0])]], [Call("aoti_torch_empty_strided", 1)])
+    python = diff.Arm(
+        "python", [[torch.tensor([0.0, -0.0, 0.0])]], [Call("aoti_torch_empty_strided", 1)]
+    )
     # -0.0 == 0.0 in value, not in bits
     with pytest.raises(DifferentialMismatch, match="run 0, output 0.*1 of 12 bytes differ"):
         diff.compare_outputs(native, python)
