@@ -43,7 +43,7 @@ CXX_HEADERS = {
     f"{MSL}/msl_abi.h": "-std=c++17",
     f"{MSL}/msl_compat.h": "-std=c++20",
     f"{MSL}/msl_check.h": "-std=c++20",  # msl_compat.h's part for a checked build
-    "shims/proxy_json.h": "-std=c++17",  # the native proxy executor's JSON reader
+    "shims/json_reader.h": "-std=c++17",  # the native proxy executor's JSON reader
 }
 HEADER_PARTS = {
     f"{MSL}/{n}": f"{MSL}/msl_compat.h"

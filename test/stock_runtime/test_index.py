@@ -59,6 +59,10 @@ CASES = {
         "twice",
     ),
     "too_big": (lambda ix: _edit(ix, _set("shape", [400, 8])), "do not hold its shape"),
+    "repeated_key": (
+        lambda ix: ix.replace(b'"offset":0', b'"offset":0,"offset":8', 1),
+        "key 'offset' is written twice",
+    ),
     "bad_escape": (lambda ix: ix.replace(b'"name":"', b'"name":"\\q', 1), "bad escape"),
 }
 

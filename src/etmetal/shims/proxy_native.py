@@ -6,7 +6,7 @@ table, ``proxy_native.cpp`` runs its calls), for
 the native implementation and for runtimes without Python (the stock backend):
 
 - ``etm_proxy_parse`` reads the table once, with a small strict JSON reader
-  (``proxy_json.cpp``: torch's and the executorch wheel's headers ship none), into a list
+  (``json_reader.cpp``: torch's and the executorch wheel's headers ship none), into a list
   of calls: each node's operator, found by name in libtorch's dispatcher and checked
   against the allow-list, and where each schema argument's value comes from. Any
   malformed field is an error naming the node and the field.
@@ -37,13 +37,14 @@ from etmetal.common.native_build import WARNINGS, NativeBuildError, build_files
 from . import extern_ops, native_tensors, proxy_rules
 
 HERE = Path(__file__).parent
-SOURCES = ("proxy_native.cpp", "proxy_parse.cpp", "proxy_json.cpp")
-HEADERS = ("proxy_native.h", "proxy_nodes.h", "proxy_json.h")
+SOURCES = ("proxy_native.cpp", "proxy_parse.cpp", "json_reader.cpp")
+HEADERS = ("proxy_native.h", "proxy_nodes.h", "json_reader.h")
 LIB_NAME = "libetmetal_proxy.so"
 # the bridge's side (compiled into the bridge and the stock backend)
 HOST_SOURCE = HERE / "proxy_host.cpp"
 HOST_HEADERS = (HERE / "proxy_host.h", HERE / "proxy_native.h")
 PROXY_SHIM = "aoti_torch_proxy_executor_call_function"
+JSON_READER = HERE / "json_reader.cpp"
 ERROR_BYTES = 4096
 
 # the bridge's native paths (bridge._native_path): a proxy call of a handle a native
@@ -62,6 +63,11 @@ NATIVE_PATHS = {
 
 class NativeProxyError(RuntimeError):
     """The proxy library could not be built or loaded."""
+
+
+def json_reader_files() -> dict[str, bytes]:
+    """The strict JSON reader, which the stock backend's weights-index reader shares."""
+    return {p.name: p.read_bytes() for p in (JSON_READER, JSON_READER.with_suffix(".h"))}
 
 
 def host_files() -> dict[str, bytes]:

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <regex>
 
-#include "proxy_json.h"
+#include "json_reader.h"
 #include "proxy_nodes.h"
 #include "proxy_rules.h"
 

@@ -182,6 +182,7 @@ def build_library() -> Path:
         native_fallbacks.HEADER.name: native_fallbacks.HEADER.read_bytes(),
         **fallback_codegen.files(),
         **proxy_native.host_files(),
+        **proxy_native.json_reader_files(),
         "itemsizes.inc": _itemsize_include(),
         **{name: (HERE / name).read_bytes() for name in (*SOURCES, *HEADERS)},
     }
@@ -196,6 +197,7 @@ def build_library() -> Path:
                 native_tensors.SOURCE.name,
                 native_fallbacks.SOURCE.name,
                 proxy_native.HOST_SOURCE.name,
+                proxy_native.JSON_READER.name,
                 *SOURCES,
             ],
             lang="c++",

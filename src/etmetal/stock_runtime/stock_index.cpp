@@ -1,13 +1,13 @@
 // The processed bytes of a Metal delegate and its weights index, read in C
 // (formats: common/delegate_blobs.py, common/weights_index.py). Neither the executorch
-// wheel nor torch's headers ship a JSON parser, so the index is read by a small strict one:
-// integers only (the index has no other numbers), bounded in size and depth, and every
-// field checked as weights_index.decode_index checks it.
+// wheel nor torch's headers ship a JSON parser, so the index is read by etmetal's strict one
+// (shims/json_reader.h), bounded in size and depth; its numbers must be integers, and every
+// field is checked as weights_index.decode_index checks it.
 #include <cstring>
-#include <map>
 #include <memory>
 #include <set>
 
+#include "json_reader.h"
 #include "stock_backend.h"
 
 namespace etm_stock {
@@ -21,197 +21,53 @@ bool ends_with(const std::string& s, const char* suffix) {
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-struct Value {
-  enum Kind { Null, Bool, Int, String, Array, Object } kind = Null;
-  bool b = false;
-  int64_t i = 0;
-  std::string s;
-  std::vector<Value> items;
-  std::map<std::string, Value> fields;
-};
+using etm_json::Value;
 
-class Parser {
- public:
-  Parser(const char* p, size_t n) : p_(p), end_(p + n) {}
-
-  bool document(Value* out, std::string* error) {
-    if (!value(out, 0) || (skip(), p_ != end_)) {
-      if (error_.empty()) error_ = "trailing bytes";
-      *error = "weights index is not JSON: " + error_ + " at byte " + std::to_string(pos());
-      return false;
-    }
-    return true;
-  }
-
- private:
-  const char *p_, *end_, *begin_ = p_;
-  std::string error_;
-
-  size_t pos() const { return (size_t)(p_ - begin_); }
-  bool fail(const char* what) {
-    if (error_.empty()) error_ = what;
-    return false;
-  }
-  void skip() {
-    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) p_++;
-  }
-  bool literal(const char* word) {
-    size_t n = std::strlen(word);
-    if ((size_t)(end_ - p_) < n || std::memcmp(p_, word, n)) return fail("unexpected token");
-    p_ += n;
-    return true;
-  }
-  static void utf8(uint32_t c, std::string* s) {
-    if (c < 0x80) {
-      s->push_back((char)c);
-    } else if (c < 0x800) {
-      s->push_back((char)(0xC0 | (c >> 6)));
-      s->push_back((char)(0x80 | (c & 0x3F)));
-    } else if (c < 0x10000) {
-      s->push_back((char)(0xE0 | (c >> 12)));
-      s->push_back((char)(0x80 | ((c >> 6) & 0x3F)));
-      s->push_back((char)(0x80 | (c & 0x3F)));
-    } else {
-      s->push_back((char)(0xF0 | (c >> 18)));
-      s->push_back((char)(0x80 | ((c >> 12) & 0x3F)));
-      s->push_back((char)(0x80 | ((c >> 6) & 0x3F)));
-      s->push_back((char)(0x80 | (c & 0x3F)));
-    }
-  }
-  bool hex4(uint32_t* out) {
-    if (end_ - p_ < 4) return fail("short \\u escape");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; k++) {
-      char c = *p_++;
-      int d = (c >= '0' && c <= '9') ? c - '0'
-              : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-              : (c >= 'A' && c <= 'F') ? c - 'A' + 10
-                                       : -1;
-      if (d < 0) return fail("bad \\u escape");
-      v = v * 16 + (uint32_t)d;
-    }
-    *out = v;
-    return true;
-  }
-  bool string(std::string* s) {
-    p_++;  // the opening quote
-    while (p_ < end_ && *p_ != '"') {
-      unsigned char c = (unsigned char)*p_++;
-      if (c < 0x20) return fail("control character in a string");
-      if (c != '\\') {
-        s->push_back((char)c);
-        continue;
-      }
-      if (p_ == end_) return fail("unterminated escape");
-      char e = *p_++;
-      const char* plain = "\"\\/bfnrt";
-      const char* real = "\"\\/\b\f\n\r\t";
-      const char* at = std::strchr(plain, e);
-      if (at && e) {
-        s->push_back(real[at - plain]);
-        continue;
-      }
-      if (e != 'u') return fail("bad escape");
-      uint32_t cp;
-      if (!hex4(&cp)) return false;
-      if (cp >= 0xD800 && cp < 0xDC00) {  // a surrogate pair
-        uint32_t lo;
-        if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') return fail("lone surrogate");
-        p_ += 2;
-        if (!hex4(&lo) || lo < 0xDC00 || lo >= 0xE000) return fail("bad surrogate pair");
-        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-      } else if (cp >= 0xDC00 && cp < 0xE000) {
-        return fail("lone surrogate");
-      }
-      utf8(cp, s);
-    }
-    if (p_ == end_) return fail("unterminated string");
-    p_++;
-    return true;
-  }
-  bool integer(int64_t* out) {
-    bool neg = p_ < end_ && *p_ == '-';
-    if (neg) p_++;
-    if (p_ == end_ || *p_ < '0' || *p_ > '9') return fail("bad number");
-    if (*p_ == '0' && p_ + 1 < end_ && p_[1] >= '0' && p_[1] <= '9')
-      return fail("leading zero");
-    int64_t v = 0;
-    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
-      if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, *p_ - '0', &v))
-        return fail("integer out of range");
-      p_++;
-    }
-    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E'))
-      return fail("only integers are expected");
-    *out = neg ? -v : v;
-    return true;
-  }
-  bool value(Value* v, int depth) {
-    skip();
-    if (p_ == end_) return fail("unexpected end");
-    if (depth > kMaxDepth) return fail("nested too deeply");
-    char c = *p_;
-    if (c == '{') {
-      v->kind = Value::Object;
-      p_++;
-      skip();
-      if (p_ < end_ && *p_ == '}') return p_++, true;
-      while (true) {
-        skip();
-        std::string key;
-        if (p_ == end_ || *p_ != '"' || !string(&key)) return fail("expected a key");
-        skip();
-        if (p_ == end_ || *p_++ != ':') return fail("expected ':'");
-        if (v->fields.count(key)) return fail("duplicate key");
-        if (!value(&v->fields[key], depth + 1)) return false;
-        skip();
-        if (p_ < end_ && *p_ == ',') { p_++; continue; }
-        if (p_ < end_ && *p_ == '}') return p_++, true;
-        return fail("expected ',' or '}'");
-      }
-    }
-    if (c == '[') {
-      v->kind = Value::Array;
-      p_++;
-      skip();
-      if (p_ < end_ && *p_ == ']') return p_++, true;
-      while (true) {
-        v->items.emplace_back();
-        if (!value(&v->items.back(), depth + 1)) return false;
-        skip();
-        if (p_ < end_ && *p_ == ',') { p_++; continue; }
-        if (p_ < end_ && *p_ == ']') return p_++, true;
-        return fail("expected ',' or ']'");
-      }
-    }
-    if (c == '"') return v->kind = Value::String, string(&v->s);
-    if (c == 't') return v->kind = Value::Bool, v->b = true, literal("true");
-    if (c == 'f') return v->kind = Value::Bool, v->b = false, literal("false");
-    if (c == 'n') return v->kind = Value::Null, literal("null");
-    return v->kind = Value::Int, integer(&v->i);
-  }
-};
+// the index holds no numbers but integers: anything else is refused, not rounded
+bool integer(const Value& v, int64_t* out, std::string* error) {
+  if (v.kind != Value::Number) return false;
+  if (!v.integer_text) return *error = "only integers are expected", false;
+  if (!v.integral) return *error = "integer out of range", false;
+  *out = v.integer;
+  return true;
+}
 
 bool ints(const Value& v, std::vector<int64_t>* out) {
   if (v.kind != Value::Array) return false;
+  std::string ignored;
   for (const Value& item : v.items) {
-    if (item.kind != Value::Int) return false;
-    out->push_back(item.i);
+    int64_t i;
+    if (!integer(item, &i, &ignored)) return false;
+    out->push_back(i);
   }
   return true;
+}
+
+// Python's json keeps the last of a repeated key; the index is refused instead, so no
+// reader can see another value than the one weights_index.encode_index wrote
+const std::string* repeated_key(const Value& v) {
+  if (v.kind == Value::Object) {
+    if (const std::string* k = v.repeated_key()) return k;
+    for (const auto& kv : v.fields)
+      if (const std::string* k = repeated_key(kv.second)) return k;
+  }
+  if (v.kind == Value::Array)
+    for (const Value& item : v.items)
+      if (const std::string* k = repeated_key(item)) return k;
+  return nullptr;
 }
 
 bool entry(size_t i, const Value& raw, IndexEntry* e, std::string* error) {
   std::string where = "weights index: constant " + std::to_string(i);
   if (raw.kind != Value::Object) return *error = where + " is not an object", false;
   for (const char* f : {"name", "fqn", "dtype", "shape", "stride", "offset", "nbytes", "key"})
-    if (!raw.fields.count(f)) return *error = where + " lacks '" + f + "'", false;
-  const Value& name = raw.fields.at("name");
+    if (!raw.get(f)) return *error = where + " lacks '" + f + "'", false;
+  const Value& name = *raw.get("name");
   where += name.kind == Value::String ? " ('" + name.s + "')" : "";
   std::string* strings[] = {&e->name, &e->fqn, &e->key};
   const char* string_fields[] = {"name", "fqn", "key"};
   for (int k = 0; k < 3; k++) {
-    const Value& v = raw.fields.at(string_fields[k]);
+    const Value& v = *raw.get(string_fields[k]);
     if (v.kind != Value::String || v.s.empty())
       return *error = where + ": " + string_fields[k] + " must be a non-empty string", false;
     *strings[k] = v.s;
@@ -219,12 +75,14 @@ bool entry(size_t i, const Value& raw, IndexEntry* e, std::string* error) {
   int64_t* numbers[] = {&e->dtype, &e->offset, &e->nbytes};
   const char* number_fields[] = {"dtype", "offset", "nbytes"};
   for (int k = 0; k < 3; k++) {
-    const Value& v = raw.fields.at(number_fields[k]);
-    if (v.kind != Value::Int || v.i < 0)
-      return *error = where + ": " + number_fields[k] + " must be an integer >= 0", false;
-    *numbers[k] = v.i;
+    const Value& v = *raw.get(number_fields[k]);
+    std::string why;
+    if (!integer(v, numbers[k], &why) || *numbers[k] < 0)
+      return *error = where + ": " + number_fields[k] + " must be an integer >= 0" +
+                      (why.empty() ? "" : " (" + why + ")"),
+             false;
   }
-  if (!ints(raw.fields.at("shape"), &e->shape) || !ints(raw.fields.at("stride"), &e->stride) ||
+  if (!ints(*raw.get("shape"), &e->shape) || !ints(*raw.get("stride"), &e->stride) ||
       e->shape.size() != e->stride.size())
     return *error = where + ": shape and stride must be integer lists of one rank", false;
   for (size_t d = 0; d < e->shape.size(); d++)
@@ -235,11 +93,11 @@ bool entry(size_t i, const Value& raw, IndexEntry* e, std::string* error) {
   const char* flags[] = {"mutable", "share"};
   bool* targets[] = {&e->mutable_, &e->share};
   for (int k = 0; k < 2; k++) {
-    auto it = raw.fields.find(flags[k]);
-    if (it == raw.fields.end()) continue;
-    if (it->second.kind != Value::Bool)
+    const Value* flag = raw.get(flags[k]);
+    if (!flag) continue;
+    if (flag->kind != Value::Bool)
       return *error = where + ": " + flags[k] + " must be true or false", false;
-    *targets[k] = it->second.b;
+    *targets[k] = flag->b;
   }
   return true;
 }
@@ -283,22 +141,29 @@ bool parse_index(const char* data, size_t n, std::vector<IndexEntry>* out, std::
     return false;
   }
   Value doc;
-  if (!Parser(data, n).document(&doc, error)) return false;
-  auto format = doc.kind == Value::Object ? doc.fields.find("format") : doc.fields.end();
-  if (format == doc.fields.end() || format->second.kind != Value::String ||
-      format->second.s != "etmetal-weights-index/1") {
+  std::string why;
+  if (!etm_json::parse(data, n, &doc, &why, kMaxDepth)) {
+    *error = "weights index is not JSON: " + why;
+    return false;
+  }
+  if (const std::string* key = repeated_key(doc)) {
+    *error = "weights index is not JSON that reads one way: key '" + *key + "' is written twice";
+    return false;
+  }
+  const Value* format = doc.kind == Value::Object ? doc.get("format") : nullptr;
+  if (!format || format->kind != Value::String || format->s != "etmetal-weights-index/1") {
     *error = "weights index has another format, expected 'etmetal-weights-index/1'";
     return false;
   }
-  auto constants = doc.fields.find("constants");
-  if (constants == doc.fields.end() || constants->second.kind != Value::Array) {
+  const Value* constants = doc.get("constants");
+  if (!constants || constants->kind != Value::Array) {
     *error = "weights index has no 'constants' list";
     return false;
   }
   std::set<std::string> names;
-  for (size_t i = 0; i < constants->second.items.size(); i++) {
+  for (size_t i = 0; i < constants->items.size(); i++) {
     IndexEntry e;
-    if (!entry(i, constants->second.items[i], &e, error)) return false;
+    if (!entry(i, constants->items[i], &e, error)) return false;
     if (!names.insert(e.name).second) {
       *error = "weights index names constant '" + e.name + "' twice";
       return false;

@@ -159,6 +159,8 @@ class MslFunction:
         self.path: str = kernel.path if loop is not None or kernel.path == "fibers" else "fibers"
         self.path_reason: str = kernel.path_reason
         self.runs_as_loop: bool = self.path == "loop"  # its threadgroups run as plain loops
+        # a split kernel whose threadgroups run in batches (c10's Welford reduction interleaved)
+        self.batched: bool = self.path == "split" and kernel.batch
         self._index_set = frozenset(self.buffer_indices)
         self._slot_type = ctypes.c_void_p * (
             (max(self.buffer_indices) + 1) if self.buffer_indices else 1

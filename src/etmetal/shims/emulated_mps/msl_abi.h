@@ -17,6 +17,8 @@ extern "C" {
 // One SIMD lane's exchange slot: the widest value a SIMD operation moves (data + fill of a
 // 4-component 64-bit vector).
 #define ETM_MSL_SLOT_BYTES 64
+// The most threadgroups a batch entry runs at once (etm_msl_batch below).
+#define ETM_MSL_BATCH 8
 
 typedef struct etm_msl_thread {
   uint32_t grid_pos[3];          // thread_position_in_grid
@@ -43,6 +45,14 @@ typedef void (*etm_msl_entry)(void* const* args, const etm_msl_thread* thread);
 // carries (tg_id, tg_size, dispatch_tg_size, grid_size, tgs_per_grid and the per-group
 // counts), as one loop.
 typedef void (*etm_msl_loop)(void* const* args, const etm_msl_thread* group);
+// A split kernel whose only synchronising statement is c10's threadgroup_welford_reduce also
+// has `void batch(void* const* args, const etm_msl_thread* groups, uint32_t count)`: the
+// `count` (at most ETM_MSL_BATCH) threadgroups `groups` describe, run together. The library
+// registers it for its loop entry when it is loaded (etm_msl_register_batch) and withdraws it
+// when it is unloaded; the dispatcher then runs that loop entry's grid in batches.
+typedef void (*etm_msl_batch)(void* const* args, const etm_msl_thread* groups, uint32_t count);
+void etm_msl_register_batch(etm_msl_loop loop, etm_msl_batch batch);
+void etm_msl_unregister_batch(etm_msl_loop loop);
 
 // What a SIMD operation sees once every participating lane has arrived: the slots of all 32
 // lanes (ETM_MSL_SLOT_BYTES apart) and which of them took part.

@@ -13,6 +13,7 @@ stopped with an error by the dispatcher (never a wrong answer).
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from etmetal.shims.emulated_mps.msl_parse import CALL_LIKE_KEYWORDS
 
@@ -53,6 +54,9 @@ def _brace_end(text: str, open_: int) -> int:
 _BEFORE_BODY = re.compile(r"\)\s*(?:const\s*|noexcept\s*|override\s*|&\s*|->\s*[\w:<>,\s*&]+?)*$")
 
 
+# A library's build asks about the same preprocessed text up to three times (classification,
+# the split path's taint and its plans): each answer is kept for the last few texts (read-only)
+@lru_cache(maxsize=4)
 def function_bodies(text: str) -> dict[str, list[tuple[int, int]]]:
     """Function name -> the (start, end) offsets of the bodies of its definitions."""
     bodies: dict[str, list[tuple[int, int]]] = {}
@@ -74,7 +78,8 @@ def function_bodies(text: str) -> dict[str, list[tuple[int, int]]]:
     return bodies
 
 
-def tainted_names(text: str) -> set[str]:
+@lru_cache(maxsize=4)
+def tainted_names(text: str) -> frozenset[str]:
     """Names of the functions that may synchronise."""
     bodies = function_bodies(text)
     idents = {
@@ -91,7 +96,7 @@ def tainted_names(text: str) -> set[str]:
             if name not in tainted and not words.isdisjoint(tainted):
                 tainted.add(name)
                 changed = True
-    return tainted
+    return frozenset(tainted)
 
 
 _MARKER = re.compile(r'^# \d+ "([^"]*)"([ \d]*)$', re.M)

@@ -57,14 +57,22 @@ from etmetal.shims.model_link import (
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SOURCE_NAME = "library.metal"
-_FORMAT = 5  # 2: the index names a verified entry holding kernels.json; 3: + access sites;
-# 4: + whether each kernel synchronises (loop entries); 5: + each kernel's path (split entries)
+_FORMAT = 6  # 2: the index names a verified entry holding kernels.json; 3: + access sites;
+# 4: + whether each kernel synchronises (loop entries); 5: + each kernel's path (split entries);
+# 6: built for this CPU, split regions without thread-record arrays
 KERNELS_FILE = "kernels.json"
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{24}$")  # native_build's keys
 LIB_NAME = "libmsl.so"
 _STD = "-std=c++20"
 # -fno-math-errno lets sqrt & co. inline; no -ffast-math: NaN/inf handling must stay IEEE.
 _FLAGS = (_STD, "-O2", "-w", "-fno-math-errno", "-fno-strict-aliasing", "-fvisibility=hidden")
+# Kernels are built for the CPU they run on (FMA and vector units inline fmaf and vectorize
+# the loop entries), with three limits so that results stay those of the portable build:
+# no contraction of a*b+c into one rounding (Metal's precise results are what c10 computes;
+# the portable build never contracts), and no native half arithmetic (AVX512-FP16 rounds each
+# half operation where the portable build keeps excess float precision). The CPU is part of
+# the cache key (``_cpu_identity``): a library built here never runs on another CPU model.
+_ARCH_FLAGS = ("-march=native", "-mno-avx512fp16", "-ffp-contract=off")
 # Metal's standard headers: everything they declare comes from msl_compat.h.
 _STUB_HEADERS = (
     "metal_stdlib", "metal_compute", "metal_atomic", "metal_array", "metal_math",
@@ -121,6 +129,40 @@ def dispatcher_path() -> Path:
         lang="c++",
         flags=("-std=c++17", "-O2", "-fno-exceptions"),
     )
+
+
+@lru_cache(maxsize=1)
+def build_flags() -> tuple[str, ...]:
+    """The kernel build's flags: ``_FLAGS`` plus the CPU's own instruction set where this
+    compiler accepts it (probed once per process), else the portable build."""
+    arch = ("-ffp-contract=off",)
+    if os.environ.get(PORTABLE_ENV, "") in ("", "0"):
+        probe = subprocess.run(
+            [compiler("c++"), *_ARCH_FLAGS, "-x", "c++", "-fsyntax-only", "-"],
+            input="int main() { return 0; }\n",
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode == 0:
+            arch = _ARCH_FLAGS
+    return (*_FLAGS, *arch)
+
+
+PORTABLE_ENV = "ETMETAL_MSL_PORTABLE"  # set to 1: build kernels for any CPU of this architecture
+
+
+@lru_cache(maxsize=1)
+def _cpu_identity() -> str:
+    """What -march=native resolves from: the CPU's model and feature flags (Linux), else the
+    machine name."""
+    import platform
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    keep = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+    return platform.machine() + "|" + "|".join(dict.fromkeys(keep))
 
 
 def _write_stubs(d: Path) -> None:
@@ -226,7 +268,13 @@ def _index_path(key: str) -> Path:
 
 
 def source_key(source: str, checked: bool = False, split: bool = True) -> str:
-    parts = [str(_FORMAT), compiler("c++"), *_FLAGS, str(torch_include_dir())]
+    parts = [
+        str(_FORMAT),
+        compiler("c++"),
+        *build_flags(),
+        _cpu_identity(),
+        str(torch_include_dir()),
+    ]
     text = "|".join(parts + (["checked"] if checked else []) + ([] if split else ["nosplit"]))
     h = hashlib.sha256(text.encode())
     h.update(_header_text().encode())
@@ -318,6 +366,7 @@ def build_library(
         for k in kernels:
             if k.path == "split":
                 k.path, k.path_reason = "fibers", "its split code did not compile"
+                k.batch = False
         try:
             so = _build(rewrite(text) + entry_source(kernels, loops=True), described, kernels)
         except NativeBuildError as e2:
@@ -342,7 +391,7 @@ def _build(unit: str, described: dict, kernels: list[Kernel]) -> Path:
         files,
         ["library.cpp"],
         lang="c++",
-        flags=(*_FLAGS, "-fpreprocessed"),
+        flags=(*build_flags(), "-fpreprocessed"),
         link=link,
     )
 

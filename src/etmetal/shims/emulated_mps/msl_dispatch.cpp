@@ -32,6 +32,8 @@
 #include <sys/mman.h>
 
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "msl_abi.h"
@@ -389,6 +391,7 @@ int run_group(Worker& w, Group* g) {
 struct Launch {
   etm_msl_entry entry;
   etm_msl_loop loop;  // null: fibers
+  etm_msl_batch batch;  // null: one threadgroup at a time
   void* const* args;
   uint64_t threads[3], group[3];
   uint32_t groups[3];
@@ -456,9 +459,8 @@ int run_fibers(Worker& w, const etm_msl_thread& base, etm_msl_entry entry, void*
   return run_group(w, &g);
 }
 
-// Runs threadgroup `index` (x fastest) of `L` on this OS thread. Returns 0, or 1 with the
-// message in err.
-int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint64_t err_len) {
+// The record of threadgroup `index` (x fastest) of `L`: its fields every thread shares.
+void group_record(const Launch& L, uint64_t index, etm_msl_thread& base) {
   const uint32_t gid[3] = {uint32_t(index % L.groups[0]),
                            uint32_t((index / L.groups[0]) % L.groups[1]),
                            uint32_t(index / (uint64_t(L.groups[0]) * L.groups[1]))};
@@ -468,8 +470,6 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
     size[d] = uint32_t(L.threads[d] - start < L.group[d] ? L.threads[d] - start : L.group[d]);
   }
   const uint32_t n = size[0] * size[1] * size[2];
-  const uint32_t nsimd = (n + kWidth - 1) / kWidth;
-  etm_msl_thread base;
   for (int d = 0; d < 3; d++) {
     base.tg_id[d] = gid[d];
     base.tg_size[d] = size[d];
@@ -477,10 +477,23 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
     base.grid_size[d] = uint32_t(L.threads[d]);
     base.tgs_per_grid[d] = L.groups[d];
   }
-  base.simds_per_tg = nsimd;
+  base.simds_per_tg = (n + kWidth - 1) / kWidth;
   base.simd_size = kWidth;
   base.dispatch_simds_per_tg = (L.per_group + kWidth - 1) / kWidth;
   base.quads_per_tg = (n + 3) / 4;
+}
+
+const char kMissedSync[] =
+    "a thread reached a threadgroup barrier or SIMD-group operation in a kernel classified as "
+    "never synchronising, or outside the statements a split kernel runs on fibers (an etmetal "
+    "bug: msl_classify.py, msl_split.py)";
+
+// Runs threadgroup `index` (x fastest) of `L` on this OS thread. Returns 0, or 1 with the
+// message in err.
+int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint64_t err_len) {
+  etm_msl_thread base;
+  group_record(L, index, base);
+  const uint32_t* gid = base.tg_id;
   if (L.loop) {
     // a loop entry, or a split one (msl_split.py): its statements that synchronise call
     // etm_msl_fiber_phase, which leaves through `escape` (2) when their fibers fail
@@ -497,10 +510,7 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
                w.scratch.message);
       return 1;
     }
-    snprintf(err, err_len, "threadgroup (%u, %u, %u): a thread reached a threadgroup barrier "
-             "or SIMD-group operation in a kernel classified as never synchronising, or "
-             "outside the statements a split kernel runs on fibers (an etmetal bug: "
-             "msl_classify.py, msl_split.py)", gid[0], gid[1], gid[2]);
+    snprintf(err, err_len, "threadgroup (%u, %u, %u): %s", gid[0], gid[1], gid[2], kMissedSync);
     return 1;
   }
   if (run_fibers(w, base, L.entry, L.args) != 0) {
@@ -511,6 +521,55 @@ int run_threadgroup(Worker& w, const Launch& L, uint64_t index, char* err, uint6
   return 0;
 }
 
+// Runs threadgroups [first, first + count) of `L` on this OS thread: in batches of up to
+// ETM_MSL_BATCH when the kernel has a batch entry, else one at a time. Returns 0, or 1 with
+// the message in err.
+int run_threadgroups(Worker& w, const Launch& L, uint64_t first, uint64_t count, char* err,
+                     uint64_t err_len) {
+  if (L.batch == nullptr || count < 2) {
+    for (uint64_t i = first; i < first + count; i++)
+      if (run_threadgroup(w, L, i, err, err_len) != 0) return 1;
+    return 0;
+  }
+  etm_msl_thread recs[ETM_MSL_BATCH];
+  for (uint64_t i = first; i < first + count; i += ETM_MSL_BATCH) {
+    const uint32_t k = uint32_t(first + count - i < ETM_MSL_BATCH ? first + count - i
+                                                                   : ETM_MSL_BATCH);
+    for (uint32_t b = 0; b < k; b++) group_record(L, i + b, recs[b]);
+    // a batch entry never runs fibers: only a missed synchronisation leaves through `escape`
+    w.looping = true;
+    if (setjmp(w.escape) != 0) {
+      w.looping = false;
+      snprintf(err, err_len, "threadgroups (%u, %u, %u) to (%u, %u, %u): %s", recs[0].tg_id[0],
+               recs[0].tg_id[1], recs[0].tg_id[2], recs[k - 1].tg_id[0], recs[k - 1].tg_id[1],
+               recs[k - 1].tg_id[2], kMissedSync);
+      return 1;
+    }
+    L.batch(L.args, recs, k);
+    w.looping = false;
+  }
+  return 0;
+}
+
+// The batch entries of the loaded libraries, by loop entry (etm_msl_register_batch).
+struct BatchTable {
+  std::mutex m;
+  std::vector<std::pair<etm_msl_loop, etm_msl_batch>> entries;
+};
+
+BatchTable& batch_table() {
+  static BatchTable* t = new BatchTable;  // never destroyed: libraries unload after statics
+  return *t;
+}
+
+etm_msl_batch find_batch(etm_msl_loop loop) {
+  BatchTable& t = batch_table();
+  std::lock_guard<std::mutex> lock(t.m);
+  for (const auto& e : t.entries)
+    if (e.first == loop) return e.second;
+  return nullptr;
+}
+
 // Runs every threadgroup of `L` (msl_pool.cpp): on this thread, or over up to `workers`.
 int run_grid(Worker& w, const Launch& L, uint32_t workers, char* err, uint64_t err_len);
 
@@ -519,6 +578,23 @@ int run_grid(Worker& w, const Launch& L, uint32_t workers, char* err, uint64_t e
 extern "C" {
 
 int etm_msl_abi_version(void) { return ETM_MSL_ABI_VERSION; }
+
+void etm_msl_register_batch(etm_msl_loop loop, etm_msl_batch batch) {
+  BatchTable& t = batch_table();
+  std::lock_guard<std::mutex> lock(t.m);
+  t.entries.emplace_back(loop, batch);
+}
+
+void etm_msl_unregister_batch(etm_msl_loop loop) {
+  BatchTable& t = batch_table();
+  std::lock_guard<std::mutex> lock(t.m);
+  for (size_t i = 0; i < t.entries.size(); i++) {
+    if (t.entries[i].first == loop) {
+      t.entries.erase(t.entries.begin() + long(i));
+      return;
+    }
+  }
+}
 
 // A loop entry's thread reached a synchronising call: the classification missed it.
 [[noreturn]] static void escape_loop(Worker& w) { longjmp(w.escape, 1); }
@@ -655,6 +731,7 @@ int etm_msl_launch(etm_msl_entry entry, etm_msl_loop loop, void* const* args,
   Launch L;
   L.entry = entry;
   L.loop = w.checker ? nullptr : loop;  // the checker follows threads: fibers only
+  L.batch = L.loop ? find_batch(L.loop) : nullptr;
   L.args = args;
   uint64_t total = 1, per_group = 1;
   for (int d = 0; d < 3; d++) {

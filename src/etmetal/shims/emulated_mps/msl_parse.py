@@ -93,6 +93,8 @@ class Kernel:
     # statements run on fibers
     path: str = "fibers"
     path_reason: str = ""
+    # a split kernel whose threadgroups also run in batches (msl_split.py's BATCHED)
+    batch: bool = False
 
     @property
     def buffer_indices(self) -> tuple[int, ...]:
@@ -333,6 +335,16 @@ def entry_source(kernels: list[Kernel], loops: bool = True) -> str:
                 f'extern "C" __attribute__((visibility("default"))) void etm_msl_loop_{i}'
                 f"(void* const* a, const etm_msl_thread* g) {{ {split}(a, g); }}"
             )
+            if k.batch:  # registered with the dispatcher while the library is loaded
+                batch = re.sub(r"(\w+)$", r"\1__etm_batch", k.call)
+                lines.append(
+                    f'extern "C" __attribute__((visibility("default"))) void etm_msl_batch_{i}'
+                    f"(void* const* a, const etm_msl_thread* g, uint32_t k) {{ {batch}(a, g, k); }}"
+                    f" __attribute__((constructor)) static void etm_msl_reg_{i}() {{ "
+                    f"etm_msl_register_batch(&etm_msl_loop_{i}, &etm_msl_batch_{i}); }}"
+                    f" __attribute__((destructor)) static void etm_msl_unreg_{i}() {{ "
+                    f"etm_msl_unregister_batch(&etm_msl_loop_{i}); }}"
+                )
     # after every entry (an error in an entry still names its kernel by line): what each
     # [[buffer]] parameter takes, in buffer_indices order, as the compiler sees its type
     for i, k in enumerate(kernels):

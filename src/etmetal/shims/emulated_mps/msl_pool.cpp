@@ -53,10 +53,12 @@ void run_share(Job& job) {
   Worker& w = worker();
   const Launch& L = *job.launch;
   char err[600];
+  const uint64_t step = L.batch ? ETM_MSL_BATCH : 1;  // a batch entry's threadgroups together
   while (!job.failed.load(std::memory_order_relaxed)) {
-    uint64_t i = job.next.fetch_add(1, std::memory_order_relaxed);
+    uint64_t i = job.next.fetch_add(step, std::memory_order_relaxed);
     if (i >= L.count) break;
-    if (run_threadgroup(w, L, i, err, sizeof err) != 0) {
+    const uint64_t n = L.count - i < step ? L.count - i : step;
+    if (run_threadgroups(w, L, i, n, err, sizeof err) != 0) {
       std::lock_guard<std::mutex> lock(job.m);
       if (i < job.failed_at) {
         job.failed_at = i;
@@ -91,11 +93,7 @@ int run_grid(Worker& w, const Launch& L, uint32_t workers, char* err, uint64_t e
   std::unique_lock<std::mutex> busy(p.busy, std::defer_lock);
   const bool worth_it = L.loop == nullptr || L.count * L.per_group >= kMinLoopThreadsToShare;
   if (workers > 1 && L.count > 1 && worth_it) busy.try_lock();
-  if (!busy.owns_lock()) {
-    for (uint64_t i = 0; i < L.count; i++)
-      if (run_threadgroup(w, L, i, err, err_len) != 0) return 1;
-    return 0;
-  }
+  if (!busy.owns_lock()) return run_threadgroups(w, L, 0, L.count, err, err_len);
   Job job;
   job.launch = &L;
   job.helpers = uint32_t(L.count - 1 < workers - 1 ? L.count - 1 : workers - 1);

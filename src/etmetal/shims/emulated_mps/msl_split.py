@@ -60,6 +60,28 @@ LOCKSTEP = {
     "threadgroup_max": ("simd_max", {"11157ee8b2e093d5"}),
     "threadgroup_min": ("simd_min", {"7af72b68edbf8bec"}),
 }
+# c10's SIMD reductions whose value tg_reduce computes at once for a float (msl_split.h's
+# fold_*) instead of replaying them: the digests of every definition of the name in the
+# library (c10's overloads and msl_sync.h's own), as this torch has them
+FOLDS = {
+    "simd_sum": (
+        "fold_sum",
+        {"02cb129ab03ee4e7", "20584c28b9307d7f", "4766a60aed20f7e6", "967f2f3bb305c3f4"},
+    ),
+    "simd_max": (
+        "fold_max",
+        {"094e2089c7de0f57", "6cf3bbb117dbb151", "86aa436e689b3998", "e3c53b9a2e27bc73"},
+    ),
+    "simd_min": (
+        "fold_min",
+        {"4e5514b03fda1359", "61ea0b9236d614f9", "65f6ebeb8aeed59a", "c0e56fdc92d8b41b"},
+    ),
+}
+# c10's helpers whose threadgroups a batch entry runs together (msl_split.h's NAME_batch),
+# recognised by the digest of their text like LOCKSTEP's
+BATCHED = {"threadgroup_welford_reduce": {"2b4bf7821372b73d"}}
+# a threadgroup array a batch can give each threadgroup its own copy of
+_TG_ARRAY_1D = re.compile(r"^\s*threadgroup\s+[\w:]+\s+\w+\s*\[\s*\d+u?\s*\]\s*;\s*$")
 # an assignment (or ++/--) whose target ends in `name`, a member or a subscript of it
 _ASSIGN_OPS = r"(?:=(?!=)|[-+*/%&|^]=|<<=|>>=|\+\+|--)"
 
@@ -74,6 +96,8 @@ class Statement:
     threadgroup: bool = False  # threadgroup memory: one per threadgroup, hoisted
     kind: str = "plain"  # plain, barrier, uniform (a uniform helper), lockstep, fibers
     call: tuple[str, str, list[str]] = ("", "", [])  # lockstep: qualifier, helper, arguments
+    fold: str = "fold_none"  # lockstep: how tg_reduce computes its SIMD operation (FOLDS)
+    exit_deps: list[str] = field(default_factory=list)  # exit: the declarations it reads
 
 
 @dataclass
@@ -83,6 +107,7 @@ class SplitPlan:
     code: str = ""  # the split function (after the kernel's definition)
     helpers: dict[str, str] = field(default_factory=dict)  # helper name -> its uniform copy
     lockstep: set[str] = field(default_factory=set)  # c10 reductions it runs in lockstep
+    batch: bool = False  # also a batch entry (BATCHED)
 
 
 def statements(body: str) -> list[str]:
@@ -249,8 +274,12 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
         if _assigned(pn, body, subscripts=False):
             return SplitPlan("fibers", f"the parameter '{pn}' is assigned")
     last_sync = max(i for i, st in enumerate(sts) if st.sync)
+    first_sync = min(i for i, st in enumerate(sts) if st.sync)
     for i, st in enumerate(sts[:last_sync]):
         if re.search(r"\breturn\b", st.text):
+            if i < first_sync and _uniform_exit(st, sts[:i], kernel):
+                st.kind = "exit"  # every thread or none: once per threadgroup, before all
+                continue
             return SplitPlan("fibers", f"a return before a barrier (statement {i + 1})")
     locals_ = {st.declares for st in sts if st.declares and not st.threadgroup}
     # positions that differ between the threads of a threadgroup
@@ -305,7 +334,7 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
     # the live locals at each cut, and the regions between
     segments: list[list[Statement]] = [[]]
     for st in sts:
-        if st.threadgroup:
+        if st.threadgroup or st.kind == "exit":
             continue  # hoisted
         if st.kind == "plain":
             segments[-1].append(st)
@@ -340,9 +369,102 @@ def plan(kernel: Kernel, text: str, tainted: set[str], bodies: dict | None = Non
             if d.array or "&" in d.decl_type:
                 return SplitPlan("fibers", f"the local '{n}' lives across a barrier and is an "
                                  "array or a reference")  # fmt: skip
-    code = split_function(kernel, sts, segments, live, shared, helpers)
+    batch = _batch_plan(sts, shared, text, bodies)
+    code = split_function(kernel, sts, segments, live, shared, helpers, batch)
     reason = "; ".join(fiber_notes)
-    return SplitPlan("split", reason, code, helpers, lockstep)
+    return SplitPlan("split", reason, code, helpers, lockstep, batch is not None)
+
+
+_EXIT = re.compile(r"if\s*\((?P<cond>[^;{}]*)\)\s*(?:return\s*;|\{\s*return\s*;\s*\})", re.S)
+_SIDE_EFFECT = re.compile(r"(?<![=!<>])=(?!=)|\+\+|--|[-+*/%&|^]=|<<=|>>=")
+# words of an expression that name no value: keywords, types, casts
+_NOT_VALUES = {
+    "auto", "const", "int", "uint", "long", "ulong", "short", "ushort", "char", "uchar", "bool",
+    "float", "half", "bfloat", "unsigned", "signed", "static_cast", "true", "false", "size_t",
+}  # fmt: skip
+
+
+def _values(expr: str) -> set[str]:
+    """The names an expression reads: not its calls' and namespaces' names, not members."""
+    expr = re.sub(r"\b[A-Za-z_]\w*\s*(?=\(|::)", " ", expr)  # calls and qualifiers
+    expr = re.sub(r"\.\s*[A-Za-z_]\w*", " ", expr)  # .member
+    expr = re.sub(r"\b\d[\w.]*", " ", expr)  # literals (1e-05f, 0x1f)
+    return set(_IDENT.findall(expr)) - _NOT_VALUES
+
+
+def _uniform_exit(st: Statement, before: list[Statement], kernel: Kernel) -> bool:
+    """Whether ``st`` is ``if (cond) return;`` whose condition is the same for every thread of
+    a threadgroup and can be tested before anything else: every statement before it declares a
+    local without any other effect, and the condition reads only read-only buffers, uniform
+    positions and locals computed from those (Inductor's bounds test of an embedding index).
+    Every thread then returns or none does, which one test per threadgroup decides."""
+    m = _EXIT.fullmatch(st.text.strip())
+    if m is None or _SIDE_EFFECT.search(m.group("cond")):
+        return False
+    uniform = {
+        p.name
+        for p in kernel.params
+        if (p.buffer is not None and re.match(r"\s*const\b", p.type) and "*" in p.type)
+        or p.position in UNIFORM_POSITIONS
+    }
+    decls: dict[str, Statement] = {}
+    for b in before:
+        if b.threadgroup:
+            continue
+        if not b.declares or b.array or "=" not in b.text:
+            return False
+        init = b.text[b.text.index("=") + 1 :]
+        if _SIDE_EFFECT.search(init):
+            return False  # an assignment or increment: an effect the test would skip
+        decls[b.declares] = b
+        if _values(init) <= uniform:
+            uniform.add(b.declares)
+    needed = _values(m.group("cond"))
+    if not needed <= uniform:
+        return False
+    deps: list[str] = []
+    todo = [n for n in needed if n in decls]
+    while todo:
+        n = todo.pop()
+        if n in deps:
+            continue
+        deps.append(n)
+        init = decls[n].text[decls[n].text.index("=") + 1 :]
+        todo += [v for v in _values(init) if v in decls]
+    st.exit_deps = [b.text for b in before if b.declares in deps]
+    return True
+
+
+def _batch_plan(sts: list[Statement], shared: set[str], text: str, bodies: dict):
+    """(statement, array, size, helper) when the kernel's one synchronising statement other
+    than barriers is a shared call of a BATCHED helper over one of its threadgroup arrays
+    with a literal size, every threadgroup array a plain one-dimensional declaration; else
+    None (the kernel runs one threadgroup at a time)."""
+    syncs = [st for st in sts if st.sync and st.kind != "barrier"]
+    if (
+        any(st.kind == "exit" for st in sts)
+        or len(syncs) != 1
+        or syncs[0].kind != "uniform"
+        or syncs[0].declares not in shared
+    ):
+        return None
+    st = syncs[0]
+    m = re.fullmatch(r"[^=;]*=\s*(?:::)?(?:\w+::)*(\w+)\s*\((?P<args>.*)\)\s*;", st.text, re.S)
+    if m is None or m.group(1) not in BATCHED:
+        return None
+    name = m.group(1)
+    defs = bodies.get(name, [])
+    if not defs or any(_digest(text[a : b + 1]) not in BATCHED[name] for a, b in defs):
+        return None
+    args = [x.strip() for x in _split_top(m.group("args"))]
+    arrays = [s for s in sts if s.threadgroup]
+    if len(args) != 2 or not re.fullmatch(r"\d+u?", args[1]):
+        return None
+    if args[0] not in {s.declares for s in arrays} or not all(
+        _TG_ARRAY_1D.match(s.text) for s in arrays
+    ):
+        return None
+    return st, args[0], args[1], name
 
 
 def _digest(body: str) -> str:
@@ -367,6 +489,11 @@ def _lockstep_call(st: Statement, whole: re.Match, name: str, text, bodies, vary
     if any(re.search(_ASSIGN_OPS, x) for x in (val, idx)) or not re.fullmatch(r"[\w:.]+", data):
         return False
     st.call = (whole.group("qual"), name, args)
+    op = LOCKSTEP[name][0]
+    if op in FOLDS:
+        op_defs = bodies.get(op, [])
+        if op_defs and all(_digest(text[a : b + 1]) in FOLDS[op][1] for a, b in op_defs):
+            st.fold = FOLDS[op][0]
     return True
 
 
@@ -385,6 +512,7 @@ def apply(text: str, kernels: list[Kernel], tainted: set[str]) -> str:
             continue
         p = plan(k, text, tainted, bodies)
         k.path, k.path_reason = p.path, p.reason
+        k.batch = p.batch
         if p.path != "split":
             continue
         inserts[k.end] = inserts.get(k.end, "") + p.code + "\n"

@@ -1,7 +1,7 @@
-// The strict JSON reader of proxy_json.h. Accepts what Python's json.loads accepts for
+// The strict JSON reader of json_reader.h. Accepts what Python's json.loads accepts for
 // the documents Inductor writes, including NaN and +-Infinity (json.dumps writes them for
 // non-finite floats), and refuses anything else with the offset of the fault.
-#include "proxy_json.h"
+#include "json_reader.h"
 
 #include <cerrno>
 #include <cmath>
@@ -15,6 +15,13 @@ const Value* Value::get(const char* key) const {
   for (const auto& kv : fields)
     if (kv.first == key) found = &kv.second;  // the last one wins
   return found;
+}
+
+const std::string* Value::repeated_key() const {
+  for (size_t i = 0; i < fields.size(); i++)
+    for (size_t j = 0; j < i; j++)
+      if (fields[j].first == fields[i].first) return &fields[i].first;
+  return nullptr;
 }
 
 const char* kind_name(Value::Kind kind) {
@@ -162,6 +169,7 @@ class Parser {
     std::string text(start, (size_t)(p_ - start));
     out->kind = Value::Number;
     out->number = std::strtod(text.c_str(), nullptr);
+    out->integer_text = integral;
     if (integral) {
       errno = 0;
       long long v = std::strtoll(text.c_str(), nullptr, 10);

@@ -1,8 +1,9 @@
-// A small strict JSON reader for the extern-node table (shims/proxy_native.cpp). Neither
-// torch's nor the executorch wheel's headers ship a JSON parser, and the table is the
-// program's data, so this one is bounded in size and depth and names where it failed.
-#ifndef ETMETAL_PROXY_JSON_H
-#define ETMETAL_PROXY_JSON_H
+// A small strict JSON reader for the program's JSON data: the extern-node table
+// (shims/proxy_parse.cpp) and the weights index (stock_runtime/stock_index.cpp). Neither
+// torch's nor the executorch wheel's headers ship a JSON parser, and both documents are
+// untrusted, so this one is bounded in size and depth and names where it failed.
+#ifndef ETMETAL_JSON_READER_H
+#define ETMETAL_JSON_READER_H
 
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +17,8 @@ struct Value {
   enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
   bool b = false;
   double number = 0;
-  bool integral = false;  // written without fraction or exponent, and fits int64
+  bool integer_text = false;  // written without fraction or exponent
+  bool integral = false;      // ... and fits int64
   int64_t integer = 0;
   std::string s;
   std::vector<Value> items;
@@ -24,6 +26,8 @@ struct Value {
   std::vector<std::pair<std::string, Value>> fields;
 
   const Value* get(const char* key) const;
+  // the first key written twice in this object, or nullptr
+  const std::string* repeated_key() const;
   bool is_int() const { return kind == Number && integral; }
 };
 
@@ -35,4 +39,4 @@ bool parse(const char* text, size_t n, Value* out, std::string* error, int max_d
 
 }  // namespace etm_json
 
-#endif  // ETMETAL_PROXY_JSON_H
+#endif  // ETMETAL_JSON_READER_H
