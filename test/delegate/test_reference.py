@@ -94,6 +94,7 @@ def test_same_partition_on_torch_runner_is_bitwise_equal(name, monkeypatch, tmp_
     method.destroy()
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 @pytest.mark.parametrize("name", ["linear_bias", "rope_split_halves"])
 def test_thousand_executes_keep_memory_flat(name, lowered):
     low = lowered(

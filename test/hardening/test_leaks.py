@@ -27,6 +27,7 @@ def snapshot(method) -> tuple:
     return stats[:3], resident_bytes(), worker_rss
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 @pytest.mark.parametrize("isolate", [False, True], ids=["in_process", "isolated"])
 @pytest.mark.parametrize("name", ["transformer_block", "patch_embedding"])
 def test_ten_thousand_executes_keep_storages_and_rss_flat(demos, name, isolate):

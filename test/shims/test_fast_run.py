@@ -162,6 +162,7 @@ def test_runs_from_two_threads_are_serialized_and_correct(art, model):
     assert not errors
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 def test_ten_thousand_fast_runs_leave_storages_refcounts_and_rss_flat(model):
     x = _x(0)
     for _ in range(3000):

@@ -216,6 +216,7 @@ def _counts(ctx) -> dict:
     return {n: {"native": c[0], "python": c[1]} for n, c in ctx.bridge.shim_counts().items()}
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 def test_10000_executes_leave_rss_and_native_storages_flat(no_leaks):
     """Native mps tensors, mps fallbacks' results and their views are all given back."""
     module, inputs = get_demo("patch_embedding")
