@@ -3,7 +3,6 @@ partition compiled with libtorch (bitwise), and flat memory over 1,000 executes.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ from etmetal.examples.metal_registry import get_model_and_inputs
 from etmetal.layout.config import backend_config
 from etmetal.runtime import Runtime
 from etmetal.shims import memory_stats
+from etmetal.testing.resident import resident_bytes
 
 _TORCH_RUNNER = """
 import sys, torch
@@ -94,11 +94,7 @@ def test_same_partition_on_torch_runner_is_bitwise_equal(name, monkeypatch, tmp_
     method.destroy()
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 @pytest.mark.parametrize("name", ["linear_bias", "rope_split_halves"])
 def test_thousand_executes_keep_memory_flat(name, lowered):
     low = lowered(
@@ -109,7 +105,7 @@ def test_thousand_executes_keep_memory_flat(name, lowered):
     for _ in range(100):  # warm-up: the shim buffer cache and torch's allocator settle
         method.execute(xs)
     baseline = memory_stats()
-    rss0 = _rss_bytes()
+    rss0 = resident_bytes()
     for i in range(1000):
         method.execute(xs)
         stats = memory_stats()
@@ -118,7 +114,7 @@ def test_thousand_executes_keep_memory_flat(name, lowered):
             baseline.tensors,
             baseline.bytes,
         ), f"execute {i}: {stats} vs {baseline}"
-    growth = _rss_bytes() - rss0
+    growth = resident_bytes() - rss0
     print(
         f"{name}: RSS growth over 1,000 executes: {growth} bytes; live storages {baseline.storages}"
     )

@@ -7,32 +7,27 @@ were, and the resident set may grow by less than 1 MiB: in process, and with
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from etmetal.runtime import Runtime
 from etmetal.shims import memory_stats
+from etmetal.testing.resident import resident_bytes
 
 EXECUTES = 10_000
 WARMUP = 3000  # main's shims grow one ~1.1 MiB step within the first ~2,000 runs
 MIB = 1 << 20
 
 
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def snapshot(method) -> tuple:
     host = method.isolation
     if host is None:
         s = memory_stats()
-        return (s.tensors, s.storages, s.bytes), rss(), 0
+        return (s.tensors, s.storages, s.bytes), resident_bytes(), 0
     stats, worker_rss = host.worker_stats()
-    return stats[:3], rss(), worker_rss
+    return stats[:3], resident_bytes(), worker_rss
 
 
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 @pytest.mark.parametrize("isolate", [False, True], ids=["in_process", "isolated"])
 @pytest.mark.parametrize("name", ["transformer_block", "patch_embedding"])
 def test_ten_thousand_executes_keep_storages_and_rss_flat(demos, name, isolate):

@@ -17,6 +17,7 @@ from torch import nn
 from etmetal.backend.aoti_compile import compile_exported_program
 from etmetal.shims import AotiModel, memory_stats
 from etmetal.shims.model_run import AotiModelError
+from etmetal.testing.resident import resident_bytes
 
 MIB = 1 << 20
 
@@ -161,24 +162,20 @@ def test_runs_from_two_threads_are_serialized_and_correct(art, model):
     assert not errors
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 def test_ten_thousand_fast_runs_leave_storages_refcounts_and_rss_flat(model):
     x = _x(0)
     for _ in range(3000):
         model.run([x])
     s0, r0, refs0, fast0 = (
         memory_stats(),
-        _rss(),
+        resident_bytes(),
         sys.getrefcount(x),
         model._fast_call.stats()["fast"],
     )
     for _ in range(10_000):
         out = model.run([x])
-    s1, r1 = memory_stats(), _rss()
+    s1, r1 = memory_stats(), resident_bytes()
     assert model._fast_call.stats()["fast"] - fast0 == 10_000
     assert (s1.tensors, s1.storages, s1.bytes) == (s0.tensors, s0.storages, s0.bytes)
     refs1 = sys.getrefcount(x)

@@ -24,65 +24,9 @@ from etmetal.shims import (
 )
 from etmetal.shims.abi_codes import DEVICE_CPU
 from etmetal.shims.proxy_executor import ExternNodeError, ProxyExecutor, _resolve
+from etmetal.testing.proxy_models import MODELS, shift_scale
 
 SHIM = proxy_native.PROXY_SHIM
-
-
-@torch.library.custom_op("etmtest_native::shift_scale", mutates_args=())
-def shift_scale(x: torch.Tensor, w: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
-    return x * alpha + w.view(1, -1, 1, 1) + k
-
-
-@shift_scale.register_fake
-def _(x, w, k, alpha):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("etmtest_native::halves", mutates_args=())
-def halves(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return x[..., ::2] * scale, x[..., 1::2] - scale
-
-
-@halves.register_fake
-def _(x, scale):
-    shape = (*x.shape[:-1], x.shape[-1] // 2)
-    return x.new_empty(shape), x.new_empty(shape)
-
-
-@torch.library.custom_op("etmtest_native::repeat_add", mutates_args=())
-def repeat_add(x: torch.Tensor, reps: list[int], bias: float) -> torch.Tensor:
-    return x.repeat(reps) + bias
-
-
-@repeat_add.register_fake
-def _(x, reps, bias):
-    return x.new_empty([s * r for s, r in zip(x.shape, reps)])
-
-
-class Upsampler(torch.nn.Module):
-    """An ATen operator without a C shim, then a custom op with an int and a float."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(3))
-
-    def forward(self, x):
-        y = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear", antialias=True)
-        return torch.ops.etmtest_native.shift_scale(y.relu(), self.w, 3, 0.5) * 2 + 1
-
-
-class TwoResults(torch.nn.Module):
-    """A custom op returning two tensors, one returning an int list's repeat."""
-
-    def forward(self, x):
-        a, b = torch.ops.etmtest_native.halves(x.sin(), 1.5)
-        return torch.ops.etmtest_native.repeat_add(a * b, [1, 2], 0.25), b.cos()
-
-
-MODELS = {
-    "upsampler": (Upsampler, lambda: (torch.randn(1, 3, 5, 6),)),
-    "two_results": (TwoResults, lambda: (torch.randn(4, 8),)),
-}
 
 
 @pytest.fixture
@@ -199,7 +143,7 @@ def test_both_executors_refuse_the_same_operators_of_the_dispatcher():
     accepted = sum(not _python_refusal(t) for t in targets)
     # both sides of the rules are exercised: most ATen operators pass, internals do not
     assert 1000 < accepted < len(targets) - 300, accepted
-    assert proxy_native.refusal("etmtest_native::halves") == ""  # defined here
+    assert proxy_native.refusal("etmtest_native::halves") == ""  # testing.proxy_models
 
 
 def test_an_explicit_allowance_reaches_the_native_executor():

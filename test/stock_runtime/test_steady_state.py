@@ -15,13 +15,9 @@ import torch
 from executorch.runtime import Runtime
 
 import etmetal.stock_runtime as stock
+from etmetal.testing.resident import resident_bytes
 
 RUNS = 10_000
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 class Small(torch.nn.Module):
@@ -48,12 +44,12 @@ def test_10000_executes_leave_rss_and_native_storages_flat(small, trusted):
     for _ in range(500):  # warm up: allocator caches, the record ring's pages
         method.execute([x])
     steady = stock.native_counts()
-    rss = _rss_bytes()
+    rss = resident_bytes()
     for i in range(RUNS):
         [got] = method.execute([x])
         if i % 1000 == 0:
             assert stock.native_counts() == steady
-    grown = _rss_bytes() - rss  # before the checks below, which load code of their own
+    grown = resident_bytes() - rss  # before the checks below, which load code of their own
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert stock.native_counts() == steady
     assert steady["stores"] == 0  # every intermediate buffer went back

@@ -60,3 +60,26 @@ def test_builds_are_instrumented_only_when_asked(monkeypatch):
     monkeypatch.setenv(native_build.SANITIZE_ENV, "address,thread")
     with pytest.raises(native_build.NativeBuildError, match="thread"):
         native_build.sanitizer_flags()
+
+
+def test_the_sanitized_run_deselects_only_the_rss_flatness_tests():
+    """ASan's quarantine keeps freed memory resident: the ``rss_flat`` tests measure that
+    allocator, so the sanitized run leaves them out; the normal suite still collects them."""
+    from pathlib import Path
+
+    from etmetal.testing.sanitize import pytest_command
+
+    root = Path(__file__).resolve().parents[2]
+    target = "test/shims/test_fast_run.py"
+
+    def collected(cmd: list[str]) -> set[str]:
+        out = subprocess.run(
+            [*cmd, "--collect-only"], cwd=root, capture_output=True, text=True, timeout=300
+        ).stdout
+        return {line.split("::")[-1] for line in out.splitlines() if "::" in line}
+
+    normal = collected([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target])
+    sanitized = collected(pytest_command([target], workers=1))
+    rss = "test_ten_thousand_fast_runs_leave_storages_refcounts_and_rss_flat"
+    assert rss in normal and rss not in sanitized
+    assert normal - sanitized == {rss}

@@ -275,10 +275,11 @@ Loaded* load_record(const std::string& name, bool* missing, std::string* error) 
 }
 
 // compile `source` with the configured Python (stock_msl.py publishes the record)
-bool compile(const char* source, size_t n, std::string* error) {
+bool compile(const char* source, size_t n, const std::string& record, std::string* error) {
   if (python.empty())
-    return *error = "the shader library is not in etmetal's compiled-shader cache and no "
-                    "compiler is configured (call etmetal.stock_runtime.register() in a "
+    return *error = "the shader library (record " + record +
+                    ") is not in etmetal's compiled-shader cache and no compiler is configured"
+                    " (call etmetal.stock_runtime.register() in a "
                     "process with etmetal, or set ETMETAL_MSL_PYTHON for etmetal_runner; or "
                     "run the program once with etmetal's runtime to fill the cache)", false;
   std::string dir, src, log = "";
@@ -385,7 +386,7 @@ int32_t etm_stock_mps_create_library(const char* source, void** library) {
   // a record that does not verify is a miss too when a compiler can replace it (as the
   // content cache rebuilds a bad entry); the library it names is never mapped
   std::string refused = missing ? std::string() : error;
-  if (!l && (missing || !etm_stock::python.empty()) && etm_stock::compile(source, n, &error)) {
+  if (!l && (missing || !etm_stock::python.empty()) && etm_stock::compile(source, n, name, &error)) {
     l = etm_stock::load_record(name, &missing, &error);
     if (!l && missing) error = "the shader compiler ran but published no record for the library";
   } else if (!l && !refused.empty()) {

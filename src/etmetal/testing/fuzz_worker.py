@@ -20,6 +20,10 @@ flushed, so the parent can attribute a crash or hang. Case kinds (``id % 4``):
   mixed with valid and random encodings, dispatches and copies; every call must return a
   code, every named case must be refused.
 
+The two shim kinds run each sequence on both shim implementations, the native one and the
+Python reference (``ETMETAL_FUZZ_SHIMS``), from the same seed: every call must return the
+same code on both.
+
 Outcomes: ``error`` (a clean etmetal error), ``correct`` (ran, outputs match eager),
 ``ran`` (a valid altered program ran, e.g. other weights), ``BAD`` (anything else).
 """
@@ -45,6 +49,7 @@ from executorch.exir._serialize._program import (  # noqa: E402
     serialize_pte_binary,
 )
 
+from etmetal.testing.fuzz_both import on_both_implementations  # noqa: E402
 from etmetal.testing.pte_blobs import named_bytes, replace_named  # noqa: E402
 
 ALL_KINDS = ("pte", "weights", "processed", "shim", "metal_shims")
@@ -53,6 +58,13 @@ KINDS = tuple(k for k in os.environ.get("ETMETAL_FUZZ_KINDS", ",".join(ALL_KINDS
 _unknown = sorted(set(KINDS) - set(ALL_KINDS))
 if _unknown or not KINDS:
     raise SystemExit(f"ETMETAL_FUZZ_KINDS: unknown families {_unknown}; known: {ALL_KINDS}")
+# the shim implementations each shim sequence runs on, in order (ETMETAL_FUZZ_SHIMS,
+# comma-separated; default both: the native one, then the Python reference)
+IMPLEMENTATIONS = tuple(
+    i for i in os.environ.get("ETMETAL_FUZZ_SHIMS", "native,python").split(",") if i
+)
+if not IMPLEMENTATIONS or set(IMPLEMENTATIONS) - {"native", "python"}:
+    raise SystemExit(f"ETMETAL_FUZZ_SHIMS: {IMPLEMENTATIONS}; known: native, python")
 
 
 class Seed:
@@ -137,6 +149,25 @@ def run_program(seed: Seed, data: bytes) -> tuple[str, str]:
     return ("correct", "") if _close(outputs, seed.expected) else ("ran", "")
 
 
+class _Recording:
+    """The C API, noting each call's name and returned code in ``codes`` (when a list)."""
+
+    def __init__(self, lib, codes: list | None) -> None:
+        self._lib, self._codes = lib, codes
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._lib, name)
+        if self._codes is None:
+            return fn
+
+        def call(*args):
+            rc = fn(*args)
+            self._codes.append((name, rc))
+            return rc
+
+        return call
+
+
 # the proxy executor the shim sequences call: an add (alpha is a dynamic int) and an
 # antialiased upsample (output size dynamic), both on float32 tensors
 def _arg(name: str, arg: dict) -> dict:
@@ -200,11 +231,12 @@ def _proxy_call(lib, rng: random.Random, live: list[int]) -> int:
     )
 
 
-def shim_sequence(rng: random.Random) -> tuple[str, str]:
-    """Random hostile C shim calls; every call must return 0/1 and all memory come back."""
+def shim_sequence(rng: random.Random, codes: list | None = None) -> tuple[str, str]:
+    """Random hostile C shim calls; every call must return 0/1 and all memory come back.
+    ``codes`` (if given) collects (call, returned code) in order."""
     from etmetal.shims import c_api, clear_last_error, memory_stats
 
-    lib = c_api()
+    lib = _Recording(c_api(), codes)
     before = memory_stats()
     live: list[int] = []
     i64 = ctypes.c_int64
@@ -278,8 +310,9 @@ def shim_sequence(rng: random.Random) -> tuple[str, str]:
     return ("error" if failures else "correct"), f"{failures} refused calls"
 
 
-def mps_sequence(rng: random.Random) -> tuple[str, str]:
-    """A hostile emulated-device sequence: codes only, named hostile cases refused."""
+def mps_sequence(rng: random.Random, codes: list | None = None) -> tuple[str, str]:
+    """A hostile emulated-device sequence: codes only, named hostile cases refused.
+    ``codes`` (if given) collects its (call, returned code) pairs."""
     from etmetal.shims import clear_last_error, default_context
     from etmetal.shims.emulated_mps.mps_device import take_unchecked_error
     from etmetal.testing.mps_hostile import CASES, random_sequence
@@ -291,6 +324,8 @@ def mps_sequence(rng: random.Random) -> tuple[str, str]:
     finally:
         take_unchecked_error(default_context())
         clear_last_error()
+    if codes is not None:
+        codes.extend(calls)
     for call, rc in calls:
         if rc not in (0, 1):
             return "BAD", f"{call} returned {rc}"
@@ -301,12 +336,13 @@ def mps_sequence(rng: random.Random) -> tuple[str, str]:
 
 
 def run_case(seeds: list[Seed], case: int, base_seed: int) -> tuple[str, str, str]:
-    rng = random.Random(base_seed * 1_000_003 + case)
+    case_seed = base_seed * 1_000_003 + case
+    rng = random.Random(case_seed)
     kind = KINDS[case % len(KINDS)]
     if kind == "shim":
-        return (kind, *shim_sequence(rng))
+        return (kind, *on_both_implementations(shim_sequence, case_seed, IMPLEMENTATIONS))
     if kind == "metal_shims":
-        return (kind, *mps_sequence(rng))
+        return (kind, *on_both_implementations(mps_sequence, case_seed, IMPLEMENTATIONS))
     seed = seeds[(case // len(KINDS)) % len(seeds)]
     if kind == "pte":
         data = mutate_bytes(seed.data, rng)

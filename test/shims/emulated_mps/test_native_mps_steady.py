@@ -11,7 +11,6 @@ may reach Python. 10,000 executes leave RSS and live native storages flat.
 from __future__ import annotations
 
 import ctypes
-import os
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from etmetal.examples import metal_registry
 from etmetal.examples.demo import DEMO_MODELS, get_demo
 from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
+from etmetal.testing.resident import resident_bytes
 
 TARGET = "mps_emulated"
 IN_C = list(metal_registry.REGISTRY)
@@ -198,11 +198,7 @@ def _counts(ctx) -> dict:
     return {n: {"native": c[0], "python": c[1]} for n, c in ctx.bridge.shim_counts().items()}
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
+@pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
 def test_10000_executes_leave_rss_and_native_storages_flat(no_leaks):
     """Native mps tensors, mps fallbacks' results and their views are all given back."""
     module, inputs = get_demo("patch_embedding")
@@ -212,10 +208,10 @@ def test_10000_executes_leave_rss_and_native_storages_flat(no_leaks):
         for _ in range(2000):
             model.run(list(inputs))
         before = model.stats()
-        live0, mps0, rss0 = memory_stats(), mps_device.live_mps_storages(ctx), _rss()
+        live0, mps0, rss0 = memory_stats(), mps_device.live_mps_storages(ctx), resident_bytes()
         for _ in range(10_000):
             out = model.run(list(inputs))
-        live1, mps1, rss1 = memory_stats(), mps_device.live_mps_storages(ctx), _rss()
+        live1, mps1, rss1 = memory_stats(), mps_device.live_mps_storages(ctx), resident_bytes()
         counts = _delta(model.stats(), before)
     assert (live1.tensors, live1.storages, live1.bytes) == (
         live0.tensors,
