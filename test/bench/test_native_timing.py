@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from etmetal.bench.native_shims import interleaved_apart
+from etmetal.bench.native_arms import interleaved_apart
 
 
 def test_python_arms_are_timed_apart_from_the_native_arms():

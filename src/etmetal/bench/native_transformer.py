@@ -37,7 +37,7 @@ def bench_transformer(repeat: int, budget: float, tmp: Path, scale: int = 1) -> 
     (smoke tests)."""
     from etmetal.backend.aoti_compile import compile_exported_program
     from etmetal.bench.delegate import stock_method, torch_runner
-    from etmetal.bench.native_shims import (
+    from etmetal.bench.native_arms import (
         counts_per_run,
         interleaved_cpu,
         report,

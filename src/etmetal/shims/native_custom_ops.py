@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from etmetal.common.targets import CPU_DEVICE, METAL_DEVICE
+
 from . import int4_kernel
 from .device import BridgeSource
 
@@ -55,7 +57,7 @@ def _paths(prefix: str, device: str) -> dict[str, str]:
 
 
 # forwarded shim -> the C served before Python (bridge._native_path)
-NATIVE_PATHS = {**_paths("cpu", "0"), **_paths("mps", "ETM_DEVICE_MPS")}
+NATIVE_PATHS = {**_paths(CPU_DEVICE, "0"), **_paths(METAL_DEVICE, "ETM_DEVICE_MPS")}
 # what a context's trampoline adds for this unit (ShimContext.load_bridge; bridge.build
 # compiles the unit). Not a standard path of every trampoline: the stock runtime's serves
 # these shims its own way and does not link this unit

@@ -292,7 +292,7 @@ bool compile(const char* source, size_t n, const std::string& record, std::strin
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  std::string mod = "etmetal.shims.emulated_mps.stock_msl";
+  std::string mod = "etmetal.shims.emulated_mps.stock_msl_compile";
   std::vector<char*> argv = {const_cast<char*>(python.c_str()), const_cast<char*>("-m"),
                              const_cast<char*>(mod.c_str()), const_cast<char*>(src.c_str()),
                              nullptr};

@@ -10,7 +10,7 @@ native side reads only records whose MAC verifies, in a private root, and loads 
 file whose sha256 is the one recorded, so what it runs is exactly what this compiler
 built from that source.
 
-On a miss the native side runs ``python -m etmetal.shims.emulated_mps.stock_msl SOURCE``
+On a miss the native side runs ``python -m etmetal.shims.emulated_mps.stock_msl_compile SOURCE``
 (the interpreter ``register`` or ``etmetal run --native`` names), which compiles the
 library into the content cache and publishes its record; the native process then reads
 it like any other. Record format (ASCII lines)::
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -86,24 +85,3 @@ def publish(source: str, library) -> Path:
     tmp.write_bytes(text + f"mac {root_mac(text, root)}\n".encode())
     os.replace(tmp, path)
     return path
-
-
-def main(argv: list[str]) -> int:
-    """``stock_msl SOURCE_FILE``: compile the library and publish its record; exit 1 with
-    the compiler's message on stderr when it does not compile."""
-    from .msl import MslError, compile_library
-
-    if len(argv) != 1:
-        print("usage: python -m etmetal.shims.emulated_mps.stock_msl SOURCE_FILE", file=sys.stderr)
-        return 2
-    source = Path(argv[0]).read_bytes().decode("utf-8", errors="replace")
-    try:
-        publish(source, compile_library(source))
-    except MslError as exc:
-        print(f"the shader library failed to compile: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
