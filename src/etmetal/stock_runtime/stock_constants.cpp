@@ -271,21 +271,30 @@ std::string container_error(const Aoti& api, int32_t rc, const std::string& step
   return step + " failed" + shim_context() + ": " + text;  // the shim first: AOTI's text is long
 }
 
+// how many constants the container has (*count), and whether a blob of `size` bytes holds
+// them all; false with *error naming what failed
+static bool blob_covers_constants(const Aoti& api, void* container, size_t size, size_t* count,
+                                  std::string* error) {
+  uint64_t need = 0;
+  int32_t rc = api.num_constants(container, count);
+  if (rc) return *error = container_error(api, rc, "reading the constant table"), false;
+  if (!*count) return true;
+  rc = api.blob_size(container, &need);
+  if (rc) return *error = container_error(api, rc, "reading the constants' size"), false;
+  if (size < need) {
+    *error = "the weights blob has " + std::to_string(size) + " bytes, the model's " +
+             std::to_string(*count) + " constants need " + std::to_string(need);
+    return false;
+  }
+  return true;
+}
+
 bool Constants::load_blob(const Aoti& api, void* container,
                           std::unique_ptr<executorch::runtime::FreeableBuffer> blob,
                           std::string* error) {
   size_t count = 0;
-  uint64_t need = 0;
-  int32_t rc = api.num_constants(container, &count);
-  if (rc) return *error = container_error(api, rc, "reading the constant table"), false;
+  if (!blob_covers_constants(api, container, blob->size(), &count, error)) return false;
   if (!count) return true;
-  rc = api.blob_size(container, &need);
-  if (rc) return *error = container_error(api, rc, "reading the constants' size"), false;
-  if (blob->size() < need) {
-    *error = "the weights blob has " + std::to_string(blob->size()) + " bytes, the model's " +
-             std::to_string(count) + " constants need " + std::to_string(need);
-    return false;
-  }
   const void* data = blob->data();
   if ((uintptr_t)data % kAlignment) {
     blob_copy_ = aligned_copy(data, blob->size());
@@ -297,7 +306,7 @@ bool Constants::load_blob(const Aoti& api, void* container,
   // emulated device may read it for the length of this load
   etm_mps_lent_start = (uint64_t)(uintptr_t)data;
   etm_mps_lent_bytes = blob_->size();
-  rc = api.from_blob(container, (const uint8_t*)data);
+  int32_t rc = api.from_blob(container, (const uint8_t*)data);
   etm_mps_lent_start = etm_mps_lent_bytes = 0;
   if (rc) return *error = container_error(api, rc, "loading constants from the weights blob"), false;
   return true;
@@ -400,17 +409,8 @@ bool Constants::share_device_blob(const Aoti& api, void* container,
                                   bool share_buffers, std::string* error) {
   executorch::runtime::FreeableBuffer* blob = held->get();
   size_t count = 0;
-  uint64_t need = 0;
-  int32_t rc = api.num_constants(container, &count);
-  if (rc) return *error = container_error(api, rc, "reading the constant table"), false;
+  if (!blob_covers_constants(api, container, blob->size(), &count, error)) return false;
   if (!count) return true;
-  rc = api.blob_size(container, &need);
-  if (rc) return *error = container_error(api, rc, "reading the constants' size"), false;
-  if (blob->size() < need) {
-    *error = "the weights blob has " + std::to_string(blob->size()) + " bytes, the model's " +
-             std::to_string(count) + " constants need " + std::to_string(need);
-    return false;
-  }
   auto& cache = shared_cache();
   std::string id = cache_key(named, "device-image:" + key);
   if (!cache.count(id)) {
@@ -456,7 +456,7 @@ bool Constants::share_device_blob(const Aoti& api, void* container,
   etm_alias_log = aliases.data();
   etm_alias_cap = (int64_t)pairs.size();
   etm_alias_len = 0;
-  rc = api.lend_pairs(container, pairs.data(), pairs.size(), false, true);
+  int32_t rc = api.lend_pairs(container, pairs.data(), pairs.size(), false, true);
   records_.insert(records_.end(), aliases.begin(), aliases.begin() + etm_alias_len);
   etm_alias_log = nullptr;
   etm_alias_cap = etm_alias_len = 0;
