@@ -18,32 +18,11 @@ from executorch.runtime import Runtime
 import etmetal.stock_runtime as stock
 from etmetal.runtime import Runtime as EtmetalRuntime
 from etmetal.stock_runtime import runner
+from etmetal.testing import proxy_models
 from etmetal.testing.pte_blobs import metal_delegates
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import fresh_like  # noqa: E402
-
-
-@torch.library.custom_op("etmtest_stock_proxy::shift_scale", mutates_args=())
-def shift_scale(x: torch.Tensor, w: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
-    return x * alpha + w.view(1, -1, 1, 1) + k
-
-
-@shift_scale.register_fake
-def _(x, w, k, alpha):
-    return torch.empty_like(x)
-
-
-class Upsampler(torch.nn.Module):
-    """ATen's antialiased upsample (no C shim), then a custom op defined here."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(3))
-
-    def forward(self, x):
-        y = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear", antialias=True)
-        return torch.ops.etmtest_stock_proxy.shift_scale(y.relu(), self.w, 3, 0.5) * 2 + 1
 
 
 class AtenOnly(torch.nn.Module):
@@ -56,7 +35,7 @@ class AtenOnly(torch.nn.Module):
 
 def _upsampler():
     torch.manual_seed(4)
-    return Upsampler(), (torch.randn(1, 3, 5, 6),)
+    return proxy_models.Upsampler(), (torch.randn(1, 3, 5, 6),)
 
 
 def _aten_only():
@@ -116,7 +95,7 @@ def test_a_tampered_extern_node_table_is_refused(stock_lowered, trusted):
     named = deserialize_pte_binary(low.pte).named_data
     entry = named.pte_data[d.extern_nodes_key]
     table = bytes(named.buffers[entry.buffer_index])
-    assert b"etmtest_stock_proxy::shift_scale" in table
+    assert b"etmtest_native::shift_scale" in table
     with pytest.raises(RuntimeError):
         Runtime.get().load_program(_flip(low.pte, table)).load_method("forward")
     message = stock.last_error()
@@ -157,4 +136,4 @@ def test_the_runner_refuses_a_custom_op_its_process_does_not_have(stock_lowered,
         runner.run_runner(path, list(low.inputs), trust_native_code=True)
     message = refused.value.stderr
     assert "extern-node table is refused" in message
-    assert "etmtest_stock_proxy::shift_scale is not registered" in message
+    assert "etmtest_native::shift_scale is not registered" in message
