@@ -331,6 +331,19 @@ class ShimContext:
         ]
         return next((m for m in messages if m), "")
 
+    def unchecked_holders(self) -> tuple | None:
+        """The objects whose ``unchecked_error`` attributes hold what
+        :meth:`take_unchecked_error` takes, one per device that has such a record; None
+        when a device keeps its record where C cannot read it (no ``unchecked_holder``)."""
+        holders = []
+        for device in self.devices.values():
+            if device.take_unchecked_error is None:
+                continue
+            if device.unchecked_holder is None:
+                return None
+            holders.append(device.unchecked_holder(self))
+        return tuple(holders)
+
     def last_error(self) -> str:
         """The message of the most recent failed shim call ("" if none failed yet)."""
         return self.error

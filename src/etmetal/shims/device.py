@@ -41,6 +41,10 @@ class Device:
     # ``take_unchecked_error(ctx)``: the failure the .so ignored since the last call ("" if
     # none), cleared; a run that ends with one fails
     take_unchecked_error: Callable[[object], str] | None = None
+    # ``unchecked_holder(ctx)``: the object whose ``unchecked_error`` attribute (a str, ""
+    # when none) is what ``take_unchecked_error`` takes, so the one-call run (``fast_run``)
+    # can read it in C around a run; None: such a device's runs always take the Python path
+    unchecked_holder: Callable[[object], object] | None = None
     bridge_source: BridgeSource | None = None
     # ``host_memory(ctx)``: True while the device's memory in ``ctx`` is plain host memory
     # the bridge's native tables may allocate and lend (its allocator still the one the

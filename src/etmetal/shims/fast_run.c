@@ -9,6 +9,12 @@
 // one), writes the record images, makes each output with libtorch's exported
 // aoti_torch_empty_strided, runs etm_run and hands the outputs back with THPVariable_Wrap.
 //
+// A model of the emulated Metal device runs this way too: its inputs are host memory lent
+// as device-13 records (as steady_run.py lends them), and the launch failures its device
+// records (the wrapper ignores their return codes) are read in C before and after the run:
+// one recorded before declines the call, one recorded during it is finished by Python,
+// which raises it with the general path's message.
+//
 // It serves only the ordinary case and declines everything else before anything runs, by
 // calling the Python path it stands in front of (the fallback) with the same arguments:
 // another number of arguments, a value that is not exactly a torch.Tensor, a tensor that
@@ -28,6 +34,24 @@
 
 static PyObject* s_running;
 static PyObject* s_owner;
+static PyObject* s_unchecked;
+
+// 1 when a device recorded a launch failure the .so could not see (the Metal wrapper
+// ignores its kernel calls' return codes); an attribute that cannot be read counts as one,
+// so Python's path, which reads it too, reports it
+static int unchecked_set(FastRun* self) {
+  if (!self->unchecked) return 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->unchecked); i++) {
+    PyObject* message = PyObject_GetAttr(PyTuple_GET_ITEM(self->unchecked, i), s_unchecked);
+    int set = message ? PyObject_IsTrue(message) : -1;
+    Py_XDECREF(message);
+    if (set) {
+      if (set < 0) PyErr_Clear();
+      return 1;
+    }
+  }
+  return 0;
+}
 
 static PyObject* call_fallback(FastRun* self, PyObject* const* args, size_t nargsf,
                                PyObject* kwnames) {
@@ -102,7 +126,8 @@ static PyObject* run_locked(FastRun* self, PyObject* inputs, void** made) {
   if (rc == ETM_NO_SLOT) return Py_NewRef(Py_NotImplemented);  // nothing ran
   PyObject* results = PyList_New(n_out);
   if (!results) return NULL;
-  int unusual = rc != 0 || c->pending || c->leftover;
+  // a launch failure recorded during the run: Python finishes it and raises it
+  int unusual = rc != 0 || c->pending || c->leftover || unchecked_set(self);
   for (Py_ssize_t i = 0; i < n_out; i++) {
     PyObject* item;
     if (unusual && self->out_handles[i])  // Python takes this handle
@@ -151,11 +176,13 @@ static PyObject* run_model(FastRun* self, PyObject* inputs) {
   // inputs' memory whatever the caller's list goes through meanwhile
   held = PySequence_Tuple(inputs);
   if (!held) goto unlock;
+  // a failure recorded before this run (outside any run): the Python path clears it first
   int served = running == Py_None && model != Py_None && *self->armed && outputs_served(self) &&
-               PyTuple_GET_SIZE(held) == self->n_in;
+               PyTuple_GET_SIZE(held) == self->n_in && !unchecked_set(self);
   for (Py_ssize_t i = 0; served && i < self->n_in; i++) {
     PyObject* want = self->expect_in ? PyTuple_GET_ITEM(self->expect_in, i) : NULL;
-    served = etm_write_input(&self->lib, PyTuple_GET_ITEM(held, i), want, &self->images[i]);
+    served = etm_write_input(&self->lib, PyTuple_GET_ITEM(held, i), want, self->device_type,
+                             &self->images[i]);
   }
   if (!served) {
     result = Py_NewRef(Py_NotImplemented);
@@ -233,5 +260,6 @@ PyObject* etm_fast_call(PyObject* callable, PyObject* const* args, size_t nargsf
 int etm_fast_call_init(void) {
   s_running = PyUnicode_InternFromString("running");
   s_owner = PyUnicode_InternFromString("_owner");
-  return s_running && s_owner ? 0 : -1;
+  s_unchecked = PyUnicode_InternFromString("unchecked_error");
+  return s_running && s_owner && s_unchecked ? 0 : -1;
 }

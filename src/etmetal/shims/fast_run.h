@@ -36,6 +36,11 @@ typedef struct {
   PyObject* guard_acquire;
   PyObject* guard_release;
   PyObject* guard_owner;  // weakref: the owner holds this object
+  // optional (a device model's): the objects whose `unchecked_error` (a str) records a
+  // launch failure the .so could not see; set before a run: declined, after: finished by
+  // Python, which raises it (ModelRunner.finish_fast)
+  PyObject* unchecked;
+  int32_t device_type;  // the c10 device the inputs are lent as (SteadyRun.device_type)
   long long fast_runs, fallbacks;
   int release_gil;  // > 0: release the GIL around the next runs (see run_locked)
 } FastRun;

@@ -8,7 +8,9 @@ it stands in front of with the same arguments, whenever a run is not the ordinar
 (see the C file's header). ``AotiModel`` installs one as its ``run`` attribute; a
 ``.pte`` method that is one delegate call gets one as its ``execute``
 (``runtime/direct_delegate.py``), which also checks the caller's inputs and the outputs
-against the planned layouts. The Python path stays the reference: it runs the first run,
+against the planned layouts. A model of the emulated Metal device gets one too: its inputs
+are lent as device-13 records, and C reads the device's launch-failure record around the
+run (``unchecked``), so a failure is raised by Python with the general path's message. The Python path stays the reference: it runs the first run,
 every declined one, and finishes a run that came back unusual (``finish``).
 
 Nothing is compiled against libtorch or torch's headers: the libtorch functions are the
@@ -138,12 +140,15 @@ def build(
     expect_out: Sequence[torch.Tensor] | None = None,
     guard: Any = None,
     guard_owner: Any = None,
+    unchecked: tuple | None = None,
 ) -> Any:
     """A ``FastRun`` over ``steady`` (a ``SteadyRun``) of ``model``, or None when the native
     module is unusable. ``fallback`` takes any call it declines; ``finish`` completes a run
     that came back unusual; ``expect_in``/``expect_out``: tensors whose layouts the inputs
     and outputs must have, or the call is declined; ``guard``/``guard_owner``: a lock to
-    hold and an object whose ``_owner`` names the running thread meanwhile (a ``Method``'s)."""
+    hold and an object whose ``_owner`` names the running thread meanwhile (a ``Method``'s);
+    ``unchecked``: a device model's ``ShimContext.unchecked_holders()``, whose launch-failure
+    records C reads before and after each run (the inputs are lent as ``steady``'s device)."""
     native = _native()
     if native is None:
         return None
@@ -169,10 +174,14 @@ def build(
         *checks,
         guard,
         None if guard_owner is None else weakref.ref(guard_owner),
+        unchecked,
+        steady.device_type,
     )
 
 
-def install(model: Any, runner: Any, method: Callable[..., Any]) -> None:
+def install(
+    model: Any, runner: Any, method: Callable[..., Any], unchecked: tuple | None = None
+) -> None:
     """Let a ``FastRun`` of ``runner``'s steady run serve ``model.run`` (``method``, the
     general run, is the fallback); nothing when the model has no steady run. It is kept as
     ``model._fast_call`` and called from the class's ``run``, so a call on a temporary
@@ -184,6 +193,7 @@ def install(model: Any, runner: Any, method: Callable[..., Any]) -> None:
         model,
         fallback=functools.partial(_call_by_ref, weakref.ref(model), method),
         finish=runner.finish_fast,
+        unchecked=unchecked,
     )
     if fast is not None:
         model._fast_call = fast

@@ -38,7 +38,8 @@ static int same_as(const etm_torch* lib, PyObject* want, int32_t dtype, int64_t 
          !memcmp(g.strides, strides, sizeof(int64_t) * (size_t)dim);
 }
 
-int etm_write_input(const etm_torch* lib, PyObject* t, PyObject* want, etm_rec* r) {
+int etm_write_input(const etm_torch* lib, PyObject* t, PyObject* want, int32_t device_type,
+                    etm_rec* r) {
   etm_geometry g;
   if (!etm_read_geometry(lib, t, &g)) return 0;
   void* h = etm_at_tensor(t);
@@ -60,7 +61,7 @@ int etm_write_input(const etm_torch* lib, PyObject* t, PyObject* want, etm_rec* 
   r->offset = offset;
   r->numel = numel;
   r->dtype = g.dtype;
-  r->device_type = 0;
+  r->device_type = device_type;  // host memory either way: 13 lends it as an mps tensor
   memcpy(r->sizes, g.sizes, sizeof(int64_t) * (size_t)g.dim);
   memcpy(r->strides, g.strides, sizeof(int64_t) * (size_t)g.dim);
   r->native = 2;  // borrowed: etm_run lends it, nothing frees the caller's memory

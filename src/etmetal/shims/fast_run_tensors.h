@@ -36,8 +36,10 @@ static inline void* etm_at_tensor(PyObject* t) { return (char*)t + sizeof(PyObje
 int etm_read_geometry(const etm_torch* lib, PyObject* t, etm_geometry* out);
 
 // the record image of t (a dense CPU tensor of a known dtype, laid out as `want` is now
-// when `want` is given) written to r as a borrowed record; 0: not this path's to serve
-int etm_write_input(const etm_torch* lib, PyObject* t, PyObject* want, etm_rec* r);
+// when `want` is given) written to r as a borrowed record of c10 device `device_type` (0,
+// or 13: the emulated Metal device, whose memory is host memory); 0: not this path's
+int etm_write_input(const etm_torch* lib, PyObject* t, PyObject* want, int32_t device_type,
+                    etm_rec* r);
 
 // 1 when output o may be served as predicted: predicted, at most `copy_limit` bytes and
 // (when `want` is given) laid out as `want` is now

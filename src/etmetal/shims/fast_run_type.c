@@ -36,6 +36,7 @@ static void fast_dealloc(FastRun* self) {
   Py_XDECREF(self->guard_owner);
   Py_XDECREF(self->expect_in);
   Py_XDECREF(self->expect_out);
+  Py_XDECREF(self->unchecked);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -43,18 +44,25 @@ static PyObject* fast_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) 
   static char* names[] = {"call", "etm_run", "armed", "fns", "itemsize", "tensor_type",
                           "ctx", "lock", "model_ref", "fallback", "finish", "keepalive",
                           "copy_limit", "expect_in", "expect_out", "guard", "guard_owner",
-                          NULL};
+                          "unchecked", "device_type", NULL};
   unsigned long long call, etm_run, armed;
   long long copy_limit;
   PyObject *fns, *tensor_type, *ctx, *lock, *model_ref, *fallback, *finish, *keepalive;
   PyObject *expect_in = Py_None, *expect_out = Py_None, *guard = Py_None, *owner = Py_None;
+  PyObject* unchecked = Py_None;
+  int device_type = 0;
   Py_buffer sizes;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKO!y*O!OOOOOOL|OOOO", names, &call,
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKKO!y*O!OOOOOOL|OOOOOi", names, &call,
                                    &etm_run, &armed, &PyTuple_Type, &fns, &sizes, &PyType_Type,
                                    &tensor_type, &ctx, &lock, &model_ref, &fallback, &finish,
                                    &keepalive, &copy_limit, &expect_in, &expect_out, &guard,
-                                   &owner))
+                                   &owner, &unchecked, &device_type))
     return NULL;
+  if (unchecked != Py_None && !PyTuple_CheckExact(unchecked)) {
+    PyBuffer_Release(&sizes);
+    PyErr_SetString(PyExc_TypeError, "FastRun: unchecked must be None or a tuple");
+    return NULL;
+  }
   if (sizes.len != ETM_NDTYPES || PyTuple_GET_SIZE(fns) != F_COUNT || !call || !etm_run ||
       !armed) {
     PyBuffer_Release(&sizes);
@@ -94,6 +102,8 @@ static PyObject* fast_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) 
   self->fallback = Py_NewRef(fallback);
   self->finish = Py_NewRef(finish);
   self->keepalive = Py_NewRef(keepalive);
+  self->unchecked = unchecked == Py_None ? NULL : Py_NewRef(unchecked);
+  self->device_type = (int32_t)device_type;
   self->acquire = PyObject_GetAttrString(lock, "acquire");
   self->release = PyObject_GetAttrString(lock, "release");
   if (!self->acquire || !self->release || !PyWeakref_Check(model_ref)) goto fail;

@@ -254,21 +254,27 @@ class AotiModel:
     def _install_fast_run(self) -> None:
         """Serve ``run(inputs)`` by a ``FastRun`` once the steady run is armed: an instance
         attribute in front of the method, which it falls back to (``fast_run.install``)."""
-        if self._device_type != DEVICE_CPU:
-            # the emulated Metal device's launch failures are read after each run
-            # (ModelRunner.run_into), which the fast run does not do
-            return
-        fast_run.install(self, self._runner, AotiModel._run_general)
+        unchecked = self._unchecked_holders()
+        if unchecked is not False:
+            fast_run.install(self, self._runner, AotiModel._run_general, unchecked)
+
+    def _unchecked_holders(self) -> tuple | None | bool:
+        """What a ``FastRun`` reads a device's launch failures from: None on the host (a run
+        there checks none, as ``ModelRunner.run_into``), the context's holders on a device,
+        False when one of its devices keeps them where C cannot read (no fast run then)."""
+        if self._device_type == DEVICE_CPU:
+            return None
+        holders = self.context.unchecked_holders()
+        return False if holders is None else holders
 
     def fast_run(self, **kwargs) -> object | None:
         """A ``FastRun`` of this model for another caller (a ``.pte`` method's direct
         call): ``fast_run.build``'s keywords; None when the model runs the general way."""
         runner = self._runner
-        # not on the emulated Metal device: as in _install_fast_run, its launch failures
-        # are read after each run, and a fast run lends its inputs as host tensors
-        if runner is None or runner.steady is None or self._device_type != DEVICE_CPU:
+        unchecked = self._unchecked_holders()
+        if runner is None or runner.steady is None or unchecked is False:
             return None
-        return fast_run.build(runner.steady, self, **kwargs)
+        return fast_run.build(runner.steady, self, unchecked=unchecked, **kwargs)
 
     def finish_fast(self, inputs: Sequence[torch.Tensor], rc: int, results: list) -> list:
         """``ModelRunner.finish_fast`` of this model (for a ``FastRun``'s ``finish``)."""

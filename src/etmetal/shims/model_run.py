@@ -231,8 +231,13 @@ class ModelRunner:
     def finish_fast(self, inputs: Sequence[torch.Tensor], rc: int, results: list) -> list:
         """Complete a run a ``FastRun`` started that came back unusual (an error code, an
         output or input Python must take): the steady run's own completion, under the
-        locks and the ``running`` record the fast run holds."""
-        return self._run_locked(inputs, None, self._steady.complete(rc, results))
+        locks and the ``running`` record the fast run holds. On a device, a launch failure
+        recorded during the run fails it as ``run_into`` fails it (after the container's
+        own error, which ``_run_locked`` raises first)."""
+        finished = self._run_locked(inputs, None, self._steady.complete(rc, results))
+        if self._device_type != DEVICE_CPU:
+            raise_unchecked(self.context, self.name, "run")
+        return finished
 
     def _run_locked(self, inputs, outputs, ran: SteadyResult | None) -> list[torch.Tensor | None]:
         """Finish a steady run (``ran``) that needs Python, or run the general way."""

@@ -26,6 +26,7 @@ DEVICE = Device(
     mps_device.MpsAllocator,
     shims={**mps_device.SHIMS, **mps_kernels.SHIMS},
     take_unchecked_error=mps_device.take_unchecked_error,
+    unchecked_holder=mps_device.mps_state,  # MpsState.unchecked_error
     # mps buffers are host memory: the bridge's native tensors serve them too
     host_memory=mps_device.plain_memory,
     attach=bridge_source.attach,
