@@ -321,7 +321,7 @@ def test_a_launch_that_fails_in_a_steady_run_fails_the_run(no_leaks):
 def test_a_pte_method_for_the_emulated_device_stays_in_c(name, no_leaks):
     """Through a .pte method (the runtime's delegate call, not AotiModel.run): the inputs
     are lent as mps records and the weights stay in C, so a steady execute makes no
-    Python call (the prepared fast call is the host's only)."""
+    Python call (the prepared one-call run serves it, as on the host)."""
     from etmetal.backend.lowering import lower
     from etmetal.runtime import Runtime
 
