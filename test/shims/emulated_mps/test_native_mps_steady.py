@@ -344,3 +344,59 @@ def test_a_pte_method_for_the_emulated_device_stays_in_c(name, no_leaks):
     assert any(n.startswith("aoti_torch_mps_") and c[0] >= 3 for n, c in counts.items()), counts
     with torch.no_grad():
         torch.testing.assert_close(out, module(*inputs), atol=entry.atol, rtol=entry.rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("shims", ["native", "python"])
+def test_an_mps_convolution_repacks_its_result_bit_for_bit(dtype, shims, no_leaks):
+    """``aoti_torch_mps_convolution`` on channels-last operands (odd sizes, 2-, 4- and
+    8-byte items): the host kernel's channels-last result is repacked contiguous, as torch's
+    mps rule asks, with the bits of eager's result made contiguous; in C natively."""
+    from etmetal.shims.abi_codes import DEVICE_MPS
+    from etmetal.shims.storage import Storage, tensor_from_torch
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 7, 9, generator=gen).to(dtype).to(memory_format=torch.channels_last)
+    w = torch.randn(6, 5, 3, 2, generator=gen).to(dtype).to(memory_format=torch.channels_last)
+    b = torch.randn(6, generator=gen).to(dtype)
+    want = torch.nn.functional.conv2d(x, w, b, stride=(2, 1), padding=(1, 0)).contiguous()
+    ctx = default_context()
+    bridge = ctx.load_bridge()
+    conv = bridge.c_function("aoti_torch_mps_convolution")
+    handles = []
+    for t in (x, w, b):
+        u = t.untyped_storage()
+        storage = Storage(u.data_ptr(), u.nbytes(), owned=False, device_type=DEVICE_MPS)
+        handles.append(ctx.register(tensor_from_torch(t, storage)))
+    pairs = [(ctypes.c_int64 * 2)(*v) for v in ((2, 1), (1, 0), (1, 1), (0, 0))]
+    previous = ctx.set_implementation(shims)
+    ret = ctypes.c_void_p()
+    try:
+        before = bridge.shim_counts().get("aoti_torch_mps_convolution", (0, 0))
+        args = [a for p in pairs[:3] for a in (p, 2)]
+        bias = ctypes.c_void_p(handles[2])  # an optional tensor: passed by pointer
+        rc = conv(
+            handles[0],
+            handles[1],
+            ctypes.addressof(bias),
+            *args,
+            0,
+            pairs[3],
+            2,
+            1,
+            ctypes.addressof(ret),
+        )
+        assert rc == 0, ctx.last_error()
+        after = bridge.shim_counts()["aoti_torch_mps_convolution"]
+        assert (after[0] - before[0], after[1] - before[1]) == (
+            (1, 0) if shims == "native" else (0, 1)
+        )
+        got = ctx.lookup(ret.value).torch()
+        assert got.is_contiguous() and got.dtype == dtype
+        assert torch.equal(got, want)
+    finally:
+        ctx.set_implementation(previous)
+        if ret.value:
+            ctx.unregister(ret.value)
+        for h in handles:
+            ctx.unregister(h)
