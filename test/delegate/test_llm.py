@@ -52,33 +52,17 @@ def _named(pte: bytes) -> dict[str, bytes]:
     return {k: bytes(named.buffers[e.buffer_index]) for k, e in named.pte_data.items()}
 
 
-def _eager_steps(lm, steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    logits: list[torch.Tensor] = []
-
-    def run(tokens, pos):
-        logits.append(lm(tokens, pos))
-        return logits[-1]
-
-    lm.reset_cache()
-    tokens = llm.greedy(run, run, PROMPT, steps)
-    lm.reset_cache()
-    return tokens, logits
+def _execute(method):
+    """``method``'s first output as a (tokens, input_pos) -> logits call."""
+    return lambda tokens, pos: method.execute([tokens, pos])[0]
 
 
 def test_prefill_then_32_decode_steps_give_eager_tokens(lm, programs):
-    want_tokens, want_logits = _eager_steps(lm, 32)
+    want_tokens, want_logits = llm.eager_greedy(lm, PROMPT, 32)
     program = _load(programs["shared_kv"])
     prefill, decode = program.load_method("prefill"), program.load_method("decode")
-    got_logits: list[torch.Tensor] = []
-
-    def run(method):
-        def call(tokens, pos):
-            got_logits.append(method.execute([tokens, pos])[0])
-            return got_logits[-1]
-
-        return call
-
-    assert llm.greedy(run(prefill), run(decode), PROMPT, 32) == want_tokens
+    tokens, got_logits = llm.greedy_with_logits(_execute(prefill), _execute(decode), PROMPT, 32)
+    assert tokens == want_tokens
     for got, want in zip(got_logits, want_logits, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
@@ -135,7 +119,7 @@ def test_kv_caches_are_per_method_unless_shared(lm, programs):
 def test_a_program_without_the_sharing_key_still_loads(lm, programs):
     pte = programs["one_blob"]
     assert not any(k.endswith("_weights_index") for k in _named(pte))
-    want_tokens, _ = _eager_steps(lm, 4)
+    want_tokens, _ = llm.eager_greedy(lm, PROMPT, 4)
     program = _load(pte)
     prefill, decode = program.load_method("prefill"), program.load_method("decode")
     tokens = llm.greedy(

@@ -18,26 +18,8 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from etmetal.common.delegate_blobs import delegate_digest
 from etmetal.runtime import DelegateError, Runtime, UntrustedNativeCodeError, metal_delegate
+from etmetal.testing.proxy_models import LinearThenCustom
 from etmetal.testing.pte_blobs import metal_delegates, named_bytes, replace_named
-
-
-@torch.library.custom_op("etmtest_trust::scaled", mutates_args=())
-def scaled(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    return x * alpha + 1
-
-
-@scaled.register_fake
-def _(x, alpha):
-    return torch.empty_like(x)
-
-
-class LinearThenCustom(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(6, 6)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.etmtest_trust.scaled(self.lin(x), 0.5)
 
 
 @pytest.fixture(autouse=True)

@@ -13,10 +13,10 @@ import torch
 from etmetal.backend.aoti_compile import compile_exported_program
 from etmetal.examples import metal_registry
 from etmetal.examples.demo import DEMO_MODELS, get_demo
-from etmetal.runtime import Runtime
 from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims import native_fallbacks as nf
 from etmetal.shims.abi import declarations
+from etmetal.testing.shim_counts import lm_steps_on_each_implementation, steady_runs
 
 # the whole registry (its fallbacks: mm, addmm, convolution, attention, topk, and the
 # custom operators: the int4 linears, metal::gather_qmv, metal::gated_delta_rule)
@@ -34,26 +34,10 @@ def _compiled(module, inputs):
     return compile_exported_program(torch.export.export(module, tuple(inputs)))
 
 
-def _delta(after: dict, before: dict) -> dict[str, tuple[int, int]]:
-    out = {}
-    for name, counts in after.items():
-        was = before.get(name, {"native": 0, "python": 0})
-        d = (counts["native"] - was["native"], counts["python"] - was["python"])
-        if d != (0, 0):
-            out[name] = d
-    return out
-
-
 def _steady(art, inputs, shims: str, runs: int = 3):
-    """Outputs of the first run and per-shim counts of ``runs`` steady runs after it."""
+    """Outputs of the first and last runs, and per-shim counts of ``runs`` runs after the first."""
     with AotiModel(art.so_path, art.weights_path.read_bytes(), shims=shims) as model:
-        first = [t.clone() for t in model.run(list(inputs))]
-        before = model.stats()
-        last = None
-        for _ in range(runs):
-            last = model.run(list(inputs))
-        counts = _delta(model.stats(), before)
-    return first, last, counts
+        return steady_runs(model, inputs, runs)
 
 
 def test_every_libtorch_function_is_bound_with_its_header_signature():
@@ -164,38 +148,15 @@ def test_the_two_method_lm_is_bit_identical_and_decode_stays_in_c(tiny_lm_progra
     from etmetal.bench.llm import program_paths
 
     pte = Path(program_paths("tiny", tiny_lm_programs)["shared"]).read_bytes()
-    ctx = default_context()
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
-    results: dict[str, list[torch.Tensor]] = {}
-    decode_counts: dict[str, dict] = {}
-    for shims in ("native", "python"):
-        previous = ctx.set_implementation(shims)
-        try:
-            program = Runtime.get().load_program(pte, trust_native_code=True)
-            prefill, decode = program.load_method("prefill"), program.load_method("decode")
-            outs = [prefill.execute([prompt, torch.arange(8)])[0].clone()]
-            token = outs[0][..., -1, :].argmax(-1).view(1, 1)
-            for step in range(4):
-                if step == 2:  # steady state from here on
-                    before = _counts(ctx)
-                outs.append(decode.execute([token, torch.tensor([8 + step])])[0].clone())
-                token = outs[-1][..., -1, :].argmax(-1).view(1, 1)
-            decode_counts[shims] = _delta(_counts(ctx), before)
-            results[shims] = outs
-            del prefill, decode, program
-        finally:
-            ctx.set_implementation(previous)
-    for a, b in zip(results["native"], results["python"]):
+    arms = lm_steps_on_each_implementation(pte, default_context(), prompt)
+    (native_out, native), (python_out, python) = arms["native"], arms["python"]
+    for a, b in zip(native_out, python_out, strict=True):
         assert torch.equal(a, b)
-    native, python = decode_counts["native"], decode_counts["python"]
     assert {n: sum(c) for n, c in native.items()} == {n: sum(c) for n, c in python.items()}
     assert native["aoti_torch_cpu_mm_out"][1] == 0 and native["aoti_torch_cpu_mm_out"][0] > 0
     assert sum(p for _, p in native.values()) == 0, native
     assert sum(p for _, p in python.values()) > 0
-
-
-def _counts(ctx) -> dict:
-    return {n: {"native": c[0], "python": c[1]} for n, c in ctx.bridge.shim_counts().items()}
 
 
 def test_a_copy_of_a_model_in_another_context_counts_apart(tmp_path, no_leaks):

@@ -25,6 +25,7 @@ from etmetal.shims import (
 from etmetal.shims.abi_codes import DEVICE_CPU
 from etmetal.shims.proxy_executor import ExternNodeError, ProxyExecutor, _resolve
 from etmetal.testing.proxy_models import MODELS, shift_scale
+from etmetal.testing.shim_counts import steady_runs
 
 SHIM = proxy_native.PROXY_SHIM
 
@@ -45,30 +46,13 @@ def _compiled(name: str, target: str = "host"):
     return module, art
 
 
-def _counts(model) -> dict[str, tuple[int, int]]:
-    return {n: (c["native"], c["python"]) for n, c in model.stats().items()}
-
-
-def _delta(after, before):
-    out = {}
-    for name, (n, p) in after.items():
-        d = (n - before.get(name, (0, 0))[0], p - before.get(name, (0, 0))[1])
-        if d != (0, 0):
-            out[name] = d
-    return out
-
-
 def _runs(art, inputs, shims: str, runs: int = 3, device: str = "cpu"):
     """Outputs of the first run, of the last, and the per-shim counts of the steady runs."""
     with AotiModel(
         art.so_path, art.weights_path.read_bytes(), extern_nodes=art.extern_nodes_bytes(),
         shims=shims, device=device,
     ) as model:  # fmt: skip
-        first = [t.clone() for t in model.run(list(inputs))]
-        before = _counts(model)
-        for _ in range(runs):
-            last = [t.clone() for t in model.run(list(inputs))]
-        return first, last, _delta(_counts(model), before)
+        return steady_runs(model, inputs, runs)
 
 
 @pytest.mark.parametrize("target", ["host", "mps_emulated"])

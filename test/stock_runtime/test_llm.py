@@ -28,33 +28,17 @@ def programs(lm) -> dict[str, bytes]:
     }
 
 
-def _eager_steps(lm, steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    logits: list[torch.Tensor] = []
-
-    def run(tokens, pos):
-        logits.append(lm(tokens, pos))
-        return logits[-1]
-
-    lm.reset_cache()
-    tokens = llm.greedy(run, run, PROMPT, steps)
-    lm.reset_cache()
-    return tokens, logits
+def _execute(method):
+    """``method``'s first output as a (tokens, input_pos) -> logits call."""
+    return lambda tokens, pos: method.execute([tokens, pos])[0]
 
 
 def test_prefill_then_32_decode_steps_give_eager_tokens(lm, programs, trusted):
-    want_tokens, want_logits = _eager_steps(lm, 32)
+    want_tokens, want_logits = llm.eager_greedy(lm, PROMPT, 32)
     program = Runtime.get().load_program(programs["shared_kv"])
     prefill, decode = program.load_method("prefill"), program.load_method("decode")
-    got_logits: list[torch.Tensor] = []
-
-    def run(method):
-        def call(tokens, pos):
-            got_logits.append(method.execute([tokens, pos])[0].clone())
-            return got_logits[-1]
-
-        return call
-
-    assert llm.greedy(run(prefill), run(decode), PROMPT, 32) == want_tokens
+    tokens, got_logits = llm.greedy_with_logits(_execute(prefill), _execute(decode), PROMPT, 32)
+    assert tokens == want_tokens
     for got, want in zip(got_logits, want_logits, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
@@ -116,7 +100,7 @@ def mps_programs(lm) -> dict[str, bytes]:
 def test_mps_prefill_then_32_decode_steps_give_eager_tokens_with_weights_shared(
     lm, mps_programs, trusted
 ):
-    want_tokens, want_logits = _eager_steps(lm, 32)
+    want_tokens, want_logits = llm.eager_greedy(lm, PROMPT, 32)
     gc.collect()
     base = stock.native_counts()["shared_entries"]
     program = Runtime.get().load_program(mps_programs["shared_kv"])
@@ -132,16 +116,8 @@ def test_mps_prefill_then_32_decode_steps_give_eager_tokens_with_weights_shared(
     assert any(c.mutable for c in prefill_lent.values())
     for name in common:  # one copy of each weight and (shared) KV cache, read by both
         assert prefill_lent[name].address == decode_lent[name].address, name
-    got_logits: list[torch.Tensor] = []
-
-    def run(method):
-        def call(tokens, pos):
-            got_logits.append(method.execute([tokens, pos])[0].clone())
-            return got_logits[-1]
-
-        return call
-
-    assert llm.greedy(run(prefill), run(decode), PROMPT, 32) == want_tokens
+    tokens, got_logits = llm.greedy_with_logits(_execute(prefill), _execute(decode), PROMPT, 32)
+    assert tokens == want_tokens
     for got, want in zip(got_logits, want_logits, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     del prefill, decode, program

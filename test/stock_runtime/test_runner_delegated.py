@@ -26,18 +26,22 @@ def _eager(module, inputs):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-@pytest.fixture(scope="module")
-def demo_programs(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("runner-delegated")
+def _demo_programs(directory: Path, target: str) -> dict:
+    """Each demo model lowered whole for ``target``, as a file: name -> (module, inputs, path)."""
     programs = {}
     for demo in DEMO_MODELS:
         module, inputs = get_demo(demo.name)
-        program, partitioner = lower(module, inputs, target="host")
+        program, partitioner = lower(module, inputs, target=target)
         assert partitioner.report.kept_out == []
         path = directory / f"{demo.name}.pte"
         path.write_bytes(program.buffer)
         programs[demo.name] = (module.eval(), inputs, path)
     return programs
+
+
+@pytest.fixture(scope="module")
+def demo_programs(tmp_path_factory):
+    return _demo_programs(tmp_path_factory.mktemp("runner-delegated"), "host")
 
 
 def _mapped_names(maps: Path) -> set[str]:
@@ -79,16 +83,7 @@ def test_demo_model_from_files_matches_eager_without_python(demo_programs, name,
 def mps_demo_programs(tmp_path_factory):
     """The demo models lowered for ``mps_emulated``: Inductor's Metal program, whose shader
     libraries the runner loads from etmetal's compiled-shader cache."""
-    directory = tmp_path_factory.mktemp("runner-mps")
-    programs = {}
-    for demo in DEMO_MODELS:
-        module, inputs = get_demo(demo.name)
-        program, partitioner = lower(module, inputs, target="mps_emulated")
-        assert partitioner.report.kept_out == []
-        path = directory / f"{demo.name}.pte"
-        path.write_bytes(program.buffer)
-        programs[demo.name] = (module.eval(), inputs, path)
-    return programs
+    return _demo_programs(tmp_path_factory.mktemp("runner-mps"), "mps_emulated")
 
 
 @pytest.mark.parametrize("name", [d.name for d in DEMO_MODELS])

@@ -20,28 +20,10 @@ from executorch.runtime import Runtime
 
 import etmetal.stock_runtime as stock
 from etmetal.common.delegate_blobs import delegate_digest
+from etmetal.testing.proxy_models import LinearThenCustom
 from etmetal.testing.pte_blobs import metal_delegates, replace_named
 
 TRUST_ENV, BLOBS_ENV = "ETMETAL_TRUST_NATIVE_CODE", "ETMETAL_TRUSTED_BLOBS"
-
-
-@torch.library.custom_op("etmtest_stock::scaled", mutates_args=())
-def scaled(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    return x * alpha + 1
-
-
-@scaled.register_fake
-def _(x, alpha):
-    return torch.empty_like(x)
-
-
-class LinearThenCustom(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(6, 6)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.etmtest_stock.scaled(self.lin(x), 0.5)
 
 
 @pytest.fixture(autouse=True)

@@ -341,3 +341,29 @@ def greedy(prefill, decode, prompt: torch.Tensor, steps: int) -> list[int]:
             token = int(logits.argmax(-1))
             tokens.append(token)
     return tokens
+
+
+def greedy_with_logits(
+    prefill, decode, prompt: torch.Tensor, steps: int
+) -> tuple[list[int], list[torch.Tensor]]:
+    """``greedy``, also returning each call's logits, cloned (a runtime may hand out the
+    same output tensor at every call)."""
+    logits: list[torch.Tensor] = []
+
+    def keep(method):
+        def call(tokens, pos):
+            logits.append(method(tokens, pos).clone())
+            return logits[-1]
+
+        return call
+
+    return greedy(keep(prefill), keep(decode), prompt, steps), logits
+
+
+def eager_greedy(model: DecoderLM, prompt: torch.Tensor, steps: int) -> tuple[list[int], list]:
+    """``greedy_with_logits`` of the eager model, from an empty KV cache and leaving one."""
+    model.reset_cache()
+    try:
+        return greedy_with_logits(model, model, prompt, steps)
+    finally:
+        model.reset_cache()

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from etmetal.shims import default_context
+from etmetal.testing.shim_counts import context_counts, delta
 
 from .shim_trace import Call, tracing
 
@@ -73,32 +74,19 @@ def _copied(outputs: Outputs) -> list[list[torch.Tensor]]:
     return [[t.detach().clone() for t in run] for run in outputs]
 
 
-def _counts(ctx) -> dict[str, tuple[int, int]]:
-    return dict(ctx.load_bridge().shim_counts())
-
-
-def _delta(after: dict, before: dict) -> dict[str, tuple[int, int]]:
-    out = {}
-    for name, (n, p) in after.items():
-        was = before.get(name, (0, 0))
-        if (n - was[0], p - was[1]) != (0, 0):
-            out[name] = (n - was[0], p - was[1])
-    return out
-
-
 def run_arm(work: Callable[[str], Outputs], implementation: str, context=None) -> Arm:
     """``work(implementation)`` with the context's shims on ``implementation``, traced."""
     ctx = context or default_context()
     with tracing(ctx) as rec:
         previous = ctx.set_implementation(implementation)
-        before = _counts(ctx)
+        before = context_counts(ctx)
         rec.start()
         try:
             outputs = _copied(work(implementation))
         finally:
             calls = rec.stop()
             ctx.set_implementation(previous)
-        counts = _delta(_counts(ctx), before)
+        counts = delta(context_counts(ctx), before)
     return Arm(implementation, outputs, calls, counts)
 
 

@@ -1,8 +1,8 @@
 """Models whose ``.so`` calls the proxy executor (operators without a C shim): an ATen
 operator AOTI has no shim for and custom operators with int, float and int-list arguments.
 
-Shared by the native proxy executor's tests and the differential test (the operators are
-registered once per process, when this module is imported).
+Shared by the native proxy executor's tests, the differential test and the trust tests of
+both runtimes (the operators are registered once per process, when this module is imported).
 """
 
 from __future__ import annotations
@@ -39,6 +39,28 @@ def repeat_add(x: torch.Tensor, reps: list[int], bias: float) -> torch.Tensor:
 @repeat_add.register_fake
 def _(x, reps, bias):
     return x.new_empty([s * r for s, r in zip(x.shape, reps)])
+
+
+@torch.library.custom_op("etmtest_native::scaled", mutates_args=())
+def scaled(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x * alpha + 1
+
+
+@scaled.register_fake
+def _(x, alpha):
+    return torch.empty_like(x)
+
+
+class LinearThenCustom(torch.nn.Module):
+    """A linear layer (a C shim) then a custom op with a float: one extern node whose
+    table entry carries the float the trust tests rewrite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.etmtest_native.scaled(self.lin(x), 0.5)
 
 
 class Upsampler(torch.nn.Module):

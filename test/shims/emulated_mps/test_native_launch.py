@@ -18,6 +18,7 @@ from etmetal.examples.demo import DEMO_MODELS, get_demo
 from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 from etmetal.testing.mps_hostile import CASES
+from etmetal.testing.shim_counts import steady_runs
 
 # the launch path and the raw buffers: what mps_encoder.cpp / mps_buffers.cpp serve
 LAUNCH_SHIMS = {
@@ -37,26 +38,10 @@ LAUNCH_SHIMS = {
 REGISTRY_SAMPLE = ("add", "split_cat", "narrow_last_dim", "sdpa_add")
 
 
-def _delta(after: dict, before: dict) -> dict[str, tuple[int, int]]:
-    out = {}
-    for name, counts in after.items():
-        was = before.get(name, {"native": 0, "python": 0})
-        d = (counts["native"] - was["native"], counts["python"] - was["python"])
-        if d != (0, 0):
-            out[name] = d
-    return out
-
-
 def _steady(so, weights, inputs, shims: str, runs: int = 3):
-    """Outputs of the first run and per-shim counts of ``runs`` steady runs after it."""
+    """Outputs of the first and last runs, and per-shim counts of ``runs`` runs after the first."""
     with AotiModel(so, weights, device="mps", shims=shims) as model:
-        first = [t.clone() for t in model.run(list(inputs))]
-        before = model.stats()
-        last = None
-        for _ in range(runs):
-            last = model.run(list(inputs))
-        counts = _delta(model.stats(), before)
-    return first, last, counts
+        return steady_runs(model, inputs, runs)
 
 
 def _cases():

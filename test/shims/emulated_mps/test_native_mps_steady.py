@@ -22,6 +22,13 @@ from etmetal.examples.demo import DEMO_MODELS, get_demo
 from etmetal.shims import AotiModel, default_context, memory_stats
 from etmetal.shims.emulated_mps import mps_device
 from etmetal.testing.resident import resident_bytes
+from etmetal.testing.shim_counts import (
+    context_counts,
+    delta,
+    lm_steps_on_each_implementation,
+    model_counts,
+    steady_runs,
+)
 
 TARGET = "mps_emulated"
 IN_C = list(metal_registry.REGISTRY)
@@ -46,28 +53,11 @@ def _compiled(key: str, module, inputs):
     return _ARTS[key]
 
 
-def _delta(after: dict, before: dict) -> dict[str, tuple[int, int]]:
-    out = {}
-    for name, counts in after.items():
-        was = before.get(name, {"native": 0, "python": 0})
-        d = (counts["native"] - was["native"], counts["python"] - was["python"])
-        if d != (0, 0):
-            out[name] = d
-    return out
-
-
 def _steady(art, inputs, shims: str, runs: int = 3):
     """Outputs of the first run, of the last steady run, and per-shim counts of ``runs``
     steady runs after the first two."""
     with AotiModel(art.so_path, art.weights_bytes(), device="mps", shims=shims) as model:
-        first = [t.clone() for t in model.run(list(inputs))]
-        model.run(list(inputs))
-        before = model.stats()
-        last = None
-        for _ in range(runs):
-            last = [t.clone() for t in model.run(list(inputs))]
-        counts = _delta(model.stats(), before)
-    return first, last, counts
+        return steady_runs(model, inputs, runs, settle=1)
 
 
 def _both(art, inputs):
@@ -160,42 +150,15 @@ def mps_lm(tmp_path_factory):
 
 
 def test_lm_decode_is_bit_identical_and_stays_in_c(mps_lm, no_leaks):
-    from etmetal.runtime import Runtime
-
-    ctx = default_context()
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
-    results: dict[str, list[torch.Tensor]] = {}
-    counts: dict[str, dict] = {}
-    for shims in ("native", "python"):
-        previous = ctx.set_implementation(shims)
-        try:
-            program = Runtime.get().load_program(mps_lm, trust_native_code=True)
-            prefill, decode = program.load_method("prefill"), program.load_method("decode")
-            outs = [prefill.execute([prompt, torch.arange(8)])[0].clone()]
-            token = outs[0][..., -1, :].argmax(-1).view(1, 1)
-            for step in range(4):
-                if step == 2:  # steady state from here on
-                    before = _counts(ctx)
-                outs.append(decode.execute([token, torch.tensor([8 + step])])[0].clone())
-                token = outs[-1][..., -1, :].argmax(-1).view(1, 1)
-            counts[shims] = _delta(_counts(ctx), before)
-            results[shims] = outs
-            prefill.destroy()
-            decode.destroy()
-            del prefill, decode, program
-        finally:
-            ctx.set_implementation(previous)
-    for a, b in zip(results["native"], results["python"]):
+    arms = lm_steps_on_each_implementation(mps_lm, default_context(), prompt)
+    (native_out, native), (python_out, python) = arms["native"], arms["python"]
+    for a, b in zip(native_out, python_out, strict=True):
         assert torch.equal(a, b)
-    native, python = counts["native"], counts["python"]
     assert {n: sum(c) for n, c in native.items()} == {n: sum(c) for n, c in python.items()}
     assert native["aoti_torch_mps_mm_out"][0] > 0
     assert sum(p for _, p in native.values()) == 0, native
     assert python["aoti_torch_mps_mm_out"] == (0, sum(python["aoti_torch_mps_mm_out"]))
-
-
-def _counts(ctx) -> dict:
-    return {n: {"native": c[0], "python": c[1]} for n, c in ctx.bridge.shim_counts().items()}
 
 
 @pytest.mark.rss_flat  # measures RSS: not under ASan (etmetal regress sanitize)
@@ -207,12 +170,12 @@ def test_10000_executes_leave_rss_and_native_storages_flat(no_leaks):
     with AotiModel(art.so_path, art.weights_bytes(), device="mps") as model:
         for _ in range(2000):
             model.run(list(inputs))
-        before = model.stats()
+        before = model_counts(model)
         live0, mps0, rss0 = memory_stats(), mps_device.live_mps_storages(ctx), resident_bytes()
         for _ in range(10_000):
             out = model.run(list(inputs))
         live1, mps1, rss1 = memory_stats(), mps_device.live_mps_storages(ctx), resident_bytes()
-        counts = _delta(model.stats(), before)
+        counts = delta(model_counts(model), before)
     assert (live1.tensors, live1.storages, live1.bytes) == (
         live0.tensors,
         live0.storages,
@@ -371,10 +334,10 @@ def test_a_pte_method_for_the_emulated_device_stays_in_c(name, no_leaks):
     )
     for _ in range(2):
         method.execute(list(inputs))
-    before = _counts(ctx)
+    before = context_counts(ctx)
     for _ in range(3):
         (out,) = method.execute(list(inputs))
-    counts = _delta(_counts(ctx), before)
+    counts = delta(context_counts(ctx), before)
     method.destroy()
     del method
     assert sum(p for _, p in counts.values()) == 0, counts
