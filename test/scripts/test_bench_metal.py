@@ -74,16 +74,6 @@ def test_unknown_model_is_refused():
         bench_metal.collect(_args(["--models", "resnet9000"]))
 
 
-def test_cold_compile_row_times_fresh_interpreters_with_empty_caches():
-    from etmetal.bench.cold_compile import bench_cold_compile
-
-    row = bench_cold_compile("patch_embedding", 1).to_json()
-    assert row["case"] == "cold_compile_patch_embedding"
-    assert set(row["median_us"]) == {"cold", "partition"}
-    assert all(v > 0 for v in row["extra"]["cpu_s"].values())
-    assert "partition/cold" in row["ratios"]
-
-
 def test_a_cold_compile_sample_that_fails_names_the_model():
     from etmetal.bench.cold_compile import bench_cold_compile
 
