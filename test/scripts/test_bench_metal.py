@@ -20,7 +20,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 def test_metal_suite_reports_launches_kernels_and_the_emulated_host_ratio():
     argv = ["--models", "patch_embedding", "--repeat", "2", "--launches", "5"]
-    doc = bench_metal.collect(_args([*argv, "--kernel-runs", "2", "--budget", "2"]))
+    doc = bench_metal.collect(
+        _args([*argv, "--kernel-runs", "2", "--budget", "2", "--cold-compiles", "0"])
+    )
     assert doc["suite"] == "metal"
     dispatch, kernels, ratio = doc["rows"]
     # the driver's launches reached the shims and computed in + 1 (checked by the suite)
@@ -70,3 +72,10 @@ def test_metal_suite_reports_launches_kernels_and_the_emulated_host_ratio():
 def test_unknown_model_is_refused():
     with pytest.raises(SystemExit, match="unknown model"):
         bench_metal.collect(_args(["--models", "resnet9000"]))
+
+
+def test_a_cold_compile_sample_that_fails_names_the_model():
+    from etmetal.bench.cold_compile import bench_cold_compile
+
+    with pytest.raises(SystemExit, match="resnet9000"):
+        bench_cold_compile("resnet9000", 1)

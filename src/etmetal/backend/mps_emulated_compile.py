@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from . import wrapper_pch
 from .extern_nodes import find_extern_nodes
 from .mps_decompositions import views_as_reshapes
 from .mps_emulation import emulated_mps_codegen, fake_mps_module
@@ -157,29 +158,46 @@ def compile_wrapper(cpp: Path, objects: list[Path], defines: list[str], so: Path
             "mps_emulated needs a C++ compiler (g++ or $CXX) to build the Metal wrapper for "
             "this host; none was found on PATH"
         )
-    cmd = [
-        cxx,
+    flags = [
         "-std=c++20",
         "-O1",
         "-fPIC",
-        "-shared",
         "-w",
         *(f"-D{d}" for d in defines),
         *(f"-I{d}" for d in torch_include_dirs()),
-        str(cpp),
-        *map(str, objects),
-        "-Wl,-z,noexecstack",
-        "-o",
-        str(so),
     ]
-    log.debug("mps_emulated build: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    pch = wrapper_pch.prelude_header(cpp, cxx, flags) if cpp.is_file() else None
+    proc = _link_wrapper(cxx, flags, pch, cpp, objects, so)
+    if proc.returncode != 0 and pch is not None:
+        # never let the header be why a build fails: the plain build decides
+        retry = _link_wrapper(cxx, flags, None, cpp, objects, so)
+        if retry.returncode == 0:
+            log.warning("mps_emulated: %s built only without the precompiled header %s", cpp, pch)
+        proc = retry
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if "error" in line][:10]
         raise MpsEmulatedBuildError(
             f"building the mps_emulated wrapper {cpp} failed ({cxx} exit {proc.returncode}):\n"
             + "\n".join(errors or proc.stderr.splitlines()[-10:])
         )
+
+
+def wrapper_command(
+    cxx: str, flags: list[str], pch: Path | None, cpp: Path, objects: list[Path], so: Path
+) -> list[str]:
+    """The wrapper's compile and link; ``pch``: the precompiled prelude to force-include
+    (built with exactly ``flags``)."""
+    include = ["-include", str(pch)] if pch is not None else []
+    tail = [*map(str, objects), "-Wl,-z,noexecstack", "-o", str(so)]
+    return [cxx, *flags, "-shared", *include, str(cpp), *tail]
+
+
+def _link_wrapper(
+    cxx: str, flags: list[str], pch: Path | None, cpp: Path, objects: list[Path], so: Path
+) -> subprocess.CompletedProcess:
+    cmd = wrapper_command(cxx, flags, pch, cpp, objects, so)
+    log.debug("mps_emulated build: %s", " ".join(cmd))
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 def undefined_symbols(so: Path) -> list[tuple[str, str]]:

@@ -113,6 +113,25 @@ def _overhead(rows: list[dict], lines: list[str]) -> None:
                 )
 
 
+_OWN_TABLES = ("kernels_", "cold_compile_")  # metal rows that are not emulated/host ratios
+
+
+def _cold_compile(rows: list[dict], lines: list[str]) -> None:
+    for r in rows:
+        if not r["case"].startswith("cold_compile_"):
+            continue
+        e = r["extra"]
+        lines += [
+            f"Cold compile of one `mps_emulated` partition ({e['description']}), median of "
+            f"{r['samples']['cold']} sample(s):",
+            "",
+            "| caches | wall | CPU |",
+            "|---|---|---|",
+            *(f"| {k} | {e['wall_s'][k]:.1f} s | {e['cpu_s'][k]:.1f} s |" for k in e["wall_s"]),
+            "",
+        ]
+
+
 def _metal(rows: list[dict], lines: list[str]) -> None:
     """Launch overhead, each model's Metal kernels, and the emulated/host table."""
     for r in rows:
@@ -165,7 +184,7 @@ def _metal(rows: list[dict], lines: list[str]) -> None:
             "",
         ]
     ratio_rows = [
-        r for r in rows if r["case"] != "dispatch" and not r["case"].startswith("kernels_")
+        r for r in rows if r["case"] != "dispatch" and not r["case"].startswith(_OWN_TABLES)
     ]
     if ratio_rows:
         lines += [
@@ -203,6 +222,9 @@ def _metal(rows: list[dict], lines: list[str]) -> None:
                     f"| {r['case']} | {_us(c['host'])} | {_us(c['mps_emulated'])} | "
                     f"{r['extra']['cpu_ratio']:.3f} |"
                 )
+    if any(r["case"].startswith("cold_compile_") for r in rows):
+        lines.append("")
+        _cold_compile(rows, lines)
 
 
 def _imports(rows: list[dict], lines: list[str]) -> None:

@@ -1,6 +1,6 @@
 """The content-addressed cache shared by everything etmetal builds once and reuses: AOTI
-artifacts, the native shim bridge and kernels, compiled MSL libraries, lowered Cortex-M
-programs.
+artifacts, the native shim bridge and kernels, compiled MSL libraries, the Metal
+wrapper's precompiled header, lowered Cortex-M programs.
 
 An entry is a directory ``<root>/<kind>/<name>``; ``name`` is chosen by the owner and
 carries the content hash of everything that determines the entry (the owner knows what

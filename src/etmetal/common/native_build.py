@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 
 from .cache import ContentCache
@@ -30,6 +31,8 @@ __all__ = [
     "build_shared",
     "build_sources",
     "compiler",
+    "compiler_version",
+    "cpu_identity",
 ]
 
 _FORMAT = 4  # 4: entries with a verified manifest (etmetal.common.cache)
@@ -80,6 +83,27 @@ def compiler(lang: str) -> str:
             return shutil.which(cand)  # type: ignore[return-value]
     env = names[0]
     raise NativeBuildError(f"no {lang} compiler found (set {env}, or install {names[1]})")
+
+
+# process-wide memos of facts fixed for the process (the machine, an installed compiler)
+@lru_cache(maxsize=1)
+def cpu_identity() -> str:
+    """What -march=native resolves from: the CPU's model and feature flags (Linux), else the
+    machine name. Part of the key of anything built for this CPU."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    keep = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+    return platform.machine() + "|" + "|".join(dict.fromkeys(keep))
+
+
+@lru_cache(maxsize=8)
+def compiler_version(cc: str) -> str:
+    """``cc -v``'s report (version, target, configuration): an artifact only the same
+    compiler build may read (a precompiled header) keys on it."""
+    proc = subprocess.run([cc, "-v"], capture_output=True, text=True)
+    return proc.stderr.strip() or proc.stdout.strip()
 
 
 def build_key(

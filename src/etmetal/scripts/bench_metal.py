@@ -1,5 +1,6 @@
 """``etmetal bench metal``: what the emulated Metal device costs (kernel launch overhead,
-a demo model's kernels one by one, emulated/host time of the demo models); the
+a demo model's kernels one by one, emulated/host time of the demo models, the cold
+compile of one emulated partition); the
 measurements are :mod:`etmetal.bench.metal`'s. Speed is not the emulated
 target's purpose: these numbers say what a CI run pays for it."""
 
@@ -24,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--elements", type=int, default=256, help="trivial kernel's threads")
     parser.add_argument(
         "--kernel-runs", type=int, default=20, help="model executes timed per kernel"
+    )
+    parser.add_argument(
+        "--cold-compiles",
+        type=int,
+        default=1,
+        help="cold compile samples of one emulated partition (each arm; 0 = skip)",
     )
 
 
@@ -81,4 +88,16 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
                 f"                   issue 27's target mps_emulated/host <= {e['target_at_most']}: "
                 + ("met" if e["target_met"] else "MISSED")
             )
+    demos = [m for m in names if m != mb.LM_CASE]
+    if args.cold_compiles > 0 and demos:
+        from etmetal.bench.cold_compile import bench_cold_compile
+
+        rows.append(bench_cold_compile(demos[0], args.cold_compiles))
+        e = rows[-1].extra
+        print(
+            f"cold compile of one mps_emulated partition ({demos[0]}): "
+            + "  ".join(
+                f"{k} {e['wall_s'][k]:.1f} s wall / {e['cpu_s'][k]:.1f} s CPU" for k in e["wall_s"]
+            )
+        )
     return bm.emit(args, "metal", rows)

@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from etmetal.common.cache import ContentCache
+from etmetal.common.native_build import cpu_identity as _cpu_identity
 from etmetal.shims.emulated_mps import msl_split
 from etmetal.shims.emulated_mps.msl_classify import library_part, synchronising, tainted_names
 from etmetal.shims.emulated_mps.msl_includes import check_markers, check_source
@@ -149,20 +150,6 @@ def build_flags() -> tuple[str, ...]:
 
 
 PORTABLE_ENV = "ETMETAL_MSL_PORTABLE"  # set to 1: build kernels for any CPU of this architecture
-
-
-@lru_cache(maxsize=1)
-def _cpu_identity() -> str:
-    """What -march=native resolves from: the CPU's model and feature flags (Linux), else the
-    machine name."""
-    import platform
-
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.machine()
-    keep = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
-    return platform.machine() + "|" + "|".join(dict.fromkeys(keep))
 
 
 def _write_stubs(d: Path) -> None:
