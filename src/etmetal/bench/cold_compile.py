@@ -28,19 +28,20 @@ import time
 from pathlib import Path
 
 from etmetal.bench import timing as bm
+from etmetal.common.targets import MPS_EMULATED
 
 _SAMPLE = """
 import sys, torch, etmetal
 from etmetal.examples.demo import get_demo
 from etmetal.runtime import Runtime
 module, inputs = get_demo(sys.argv[1])
-program, _ = etmetal.lower(module, inputs, target="mps_emulated")
+program, _ = etmetal.lower(module, inputs, target=sys.argv[2])
 method = Runtime.get().load_program(program.buffer, trust_native_code=True).load_method("forward")
 got = method.execute(list(inputs))[0]
 want = module(*inputs)
 err = (got - want).abs().max().item()
 if not err <= 1e-4:
-    raise SystemExit(f"{sys.argv[1]}: mps_emulated differs from eager by {err}")
+    raise SystemExit(f"{sys.argv[1]}: {sys.argv[2]} differs from eager by {err}")
 """
 
 # the entries one partition adds; everything else under the cache root is per machine
@@ -52,7 +53,10 @@ def _run_sample(name: str, env: dict[str, str]) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", _SAMPLE, name], env=env, capture_output=True, text=True
+        [sys.executable, "-c", _SAMPLE, name, MPS_EMULATED.name],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
