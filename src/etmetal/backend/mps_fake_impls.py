@@ -16,6 +16,15 @@ are new tensors, so nothing ties them to the inputs' storages the stand-ins repl
 Geometry is what a fake kernel computes, and it is the same on both devices for the
 kernels this reaches (the convolution's channels-last choice follows its inputs' layouts
 on the CPU backends as on MPS).
+
+A second way in is a ``Tensor`` method: its Python binding opens a device guard for its
+tensor's device before it dispatches (``THPVariable_copy_`` and the like), and c10 has
+no guard for ``mps`` in a Linux build, so ``t.copy_(src)`` fails that way before any
+kernel runs, fake or not (Inductor's re-inplacing pass checks a scatter with
+``copy_`` on fake tensors, and circular padding reaches it).
+:class:`MethodsThroughTheDispatcher` calls such a method again as its ATen operator
+(``torch.ops.aten.<name>``, which picks the overload from the arguments), which goes to
+the fake kernel with no guard. The failed call ran nothing, so the retry is its only run.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
 
 from etmetal.common.targets import CPU_DEVICE, METAL_DEVICE
 
@@ -83,15 +93,46 @@ def on_cpu_stand_in(impl: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def aten_op_of_method(func: Any) -> Any:
+    """The ATen operator packet a ``Tensor`` method binds (``Tensor.copy_`` ->
+    ``aten.copy_``), or None for anything else."""
+    if getattr(func, "__objclass__", None) is not torch._C.TensorBase:
+        return None
+    try:
+        return getattr(torch.ops.aten, func.__name__)
+    except AttributeError:
+        return None
+
+
+class MethodsThroughTheDispatcher(TorchFunctionMode):
+    """A ``Tensor`` method on a fake ``mps`` tensor that fails in its binding's device
+    guard for want of an MPS build runs again as its ATen operator (see the module doc)."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Any = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as exc:
+            op = aten_op_of_method(func)
+            if NO_MPS_BUILD not in str(exc) or op is None:
+                raise
+            if not any(_on_metal(a) for a in pytree.tree_leaves((args, kwargs))):
+                raise
+        return op(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def cpu_stand_ins() -> Iterator[None]:
-    """Every functional fake kernel of torch's table retries on CPU stand-ins; undone on
-    exit (also when the trace fails)."""
+    """Every functional fake kernel of torch's table retries on CPU stand-ins, and
+    ``Tensor`` methods whose device guard needs an MPS build go through the dispatcher;
+    undone on exit (also when the trace fails)."""
     from unittest import mock
 
     from torch._subclasses import fake_impls
 
     table = fake_impls.op_implementations_dict
     wrapped = {op: on_cpu_stand_in(impl) for op, impl in table.items() if is_functional(op)}
-    with mock.patch.dict(table, wrapped):
+    with mock.patch.dict(table, wrapped), MethodsThroughTheDispatcher():
         yield

@@ -48,6 +48,9 @@ COMPILE_SPEC_KEYS = (
 # vehicle for the real Metal artifact, not the fast way to run on a CPU)
 AUTO = "auto"
 
+# pools Inductor leaves to ATen (large overlapping windows, odd output sizes) that torch's
+# C-shim ABI declares on both devices (``c_shim_mps.h`` has no 3-d adaptive pool)
+_POOLS = frozenset({"avg_pool2d", "avg_pool3d", "_adaptive_avg_pool2d", "max_pool2d_with_indices"})
 # fallbacks every target's runtime implements: matrix products and convolution leave
 # Inductor by design, top-k on most shapes
 _EVERYWHERE = frozenset({"mm_out", "addmm_out", "bmm_out", "convolution", "topk"})
@@ -55,12 +58,8 @@ _HOST_FALLBACKS = _EVERYWHERE | {
     "baddbmm_out",
     # Inductor routes CPU scaled-dot-product attention here (math semantics)
     "_scaled_dot_product_flash_attention_for_cpu",
-    # pools Inductor leaves to ATen (large overlapping windows, odd output sizes)
-    "avg_pool2d",
-    "avg_pool3d",
-    "_adaptive_avg_pool2d",
+    *_POOLS,
     "_adaptive_avg_pool3d",
-    "max_pool2d_with_indices",
     # Inductor's CPU decomposition of aten.lstm runs each layer in oneDNN
     "mkldnn_rnn_layer",
     # scans Inductor leaves to ATen (bool/integer inputs: HF decoders' position ids)
@@ -141,8 +140,8 @@ MPS_EMULATED = replace(
     name="mps_emulated",
     compiles_anywhere=True,
     etmetal_runs=True,
-    # a Mac's Metal runtime has no scans; etmetal's emulated device runs them on ATen
-    etmetal_fallbacks=_SCANS,
+    # a Mac's Metal runtime has no scans or pools; etmetal's emulated device runs them
+    etmetal_fallbacks=_SCANS | _POOLS,
 )
 
 TARGETS: dict[str, MetalTarget] = {t.name: t for t in (HOST, MPS, MPS_EMULATED)}

@@ -11,9 +11,11 @@ differ only where a user's deployment differs:
   partition), run by the suite's own Serialize stage, i.e. the stock runtime the pybind
   module wraps, after ``etmetal.stock_runtime.register`` has put etmetal's native
   ``MetalBackend`` into it;
-- ``metal_emulated``: as ``metal_host``, for the ``mps_emulated`` target: Inductor's Metal
-  code on the emulated Metal device, so its counts next to ``metal_host``'s show what the
-  Metal lowering and the device do differently (issue 27).
+- ``metal_emulated``: the ``mps_emulated`` target for its default runtime (a Mac's: an
+  operator whose fallback ExecuTorch's Metal runtime lacks stays out of the delegate, as
+  on a Mac), run by ``etmetal.runtime``: Inductor's Metal code on the emulated Metal
+  device, so its counts next to ``metal_host``'s show what the Metal lowering and the
+  device do differently (issue 27).
 
 Native code is trusted in both: the suite compiled it on this machine. Every program a flow
 runs is recorded in the file ``$<delegated_log_env>`` names (the suite serializes only

@@ -5,8 +5,11 @@ for ``mps_emulated`` and run by etmetal's runtime against eager PyTorch:
   Inductor's attention fusion rewrites into a call of the ``scaled_dot_product_attention``
   overload packet;
 - a conv1d over a transposed (non-contiguous) input, whose fake kernel needs an MPS build;
-- the scans (``cumsum``, ...), which etmetal's runtime serves as ``aoti_torch_mps_*``
-  fallbacks in programs lowered with ``runtime="etmetal"``.
+- the scans (``cumsum``, ...) and the pools Inductor leaves to ATen, which etmetal's
+  runtime serves as ``aoti_torch_mps_*`` fallbacks in programs lowered with
+  ``runtime="etmetal"``;
+- a ``Tensor`` method on a fake ``mps`` tensor (circular padding's ``copy_``), whose
+  binding's device guard needs an MPS build.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from etmetal.backend.mps_decompositions import (
     MacMpsDecompositions,
     with_overload_packets,
 )
-from etmetal.backend.mps_fake_impls import NO_MPS_BUILD, cpu_stand_ins, is_functional
+from etmetal.backend.mps_fake_impls import (
+    NO_MPS_BUILD,
+    aten_op_of_method,
+    cpu_stand_ins,
+    is_functional,
+)
 from etmetal.common.targets import METAL_DEVICE, MPS_EMULATED
 from etmetal.layout.config import backend_config
 from etmetal.runtime import Runtime
@@ -210,3 +218,77 @@ def test_scans_stay_out_for_a_macs_runtime():
     reasons = partitioner.reports[-1].reasons()
     reason = reasons.get("aten.cumsum.default", "")
     assert "aoti_torch_mps_cumsum" in reason and "runtime='etmetal'" in reason, reasons
+
+
+# -- 4. Tensor methods whose binding needs an MPS device guard ----------------------------
+def _fake_scatter_by_copy(mode: FakeTensorMode) -> tuple[torch.Tensor, torch.Tensor]:
+    # Inductor's re-inplacing pass checks a slice_scatter this way (circular padding)
+    with mode:
+        padded = torch.empty(2, 3, 8, 6, device=METAL_DEVICE)
+        src = torch.empty_strided((2, 3, 6, 6), (162, 54, 9, 1), device=METAL_DEVICE)
+        window = aten.slice.Tensor(padded, 2, 1, 7)
+        return window, window.copy_(src)
+
+
+def test_a_tensor_method_on_fake_mps_needs_an_mps_build_without_the_mode():
+    if torch.backends.mps.is_built():
+        pytest.skip("a macOS build has an mps device guard")
+    with pytest.raises(RuntimeError, match=NO_MPS_BUILD):
+        _fake_scatter_by_copy(FakeTensorMode())
+
+
+def test_tensor_methods_go_through_the_dispatcher_under_the_stand_ins():
+    assert aten_op_of_method(torch.Tensor.copy_) is aten.copy_
+    assert aten_op_of_method(torch.cat) is None  # not a Tensor method
+    with cpu_stand_ins():
+        window, copied = _fake_scatter_by_copy(FakeTensorMode())
+    assert copied is window  # the in-place result is the tensor itself, as eager's
+    assert copied.device.type == METAL_DEVICE and copied.shape == (2, 3, 6, 6)
+
+
+@pytest.mark.parametrize("mode", ["circular", "reflect"])
+def test_padded_convolution_lowers_and_matches_eager(mode):
+    torch.manual_seed(0)
+    module = nn.Conv2d(3, 4, 3, padding=1, padding_mode=mode).eval()
+    _check_one_delegate_matches_eager(module, (torch.randn(2, 3, 9, 7),))
+
+
+# -- 5. pools as emulated fallbacks ------------------------------------------------------
+class Pools(nn.Module):
+    """Pools Inductor leaves to a C-shim fallback on mps (an adaptive pool whose windows
+    overlap unevenly, an average over windows too large to unroll), beside a max pool it
+    generates Metal code for."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        uneven = nn.functional.adaptive_avg_pool2d(x, (5, 3))
+        wide = nn.functional.avg_pool2d(x, 7, stride=2)
+        top, top_at = nn.functional.max_pool2d(x, 7, stride=2, return_indices=True)
+        return uneven, wide, top, top_at
+
+
+_POOL_FALLBACKS = ("_adaptive_avg_pool2d", "avg_pool2d")
+
+
+def test_pools_run_as_emulated_fallbacks_on_the_etmetal_runtime():
+    inputs = (torch.randn(2, 3, 40, 37, generator=torch.Generator().manual_seed(0)),)
+    module = Pools().eval()
+    program, partitioner = _lower(module, inputs)
+    report = partitioner.reports[-1]
+    assert not report.kept_out and len(report.partitions) == 1, report.text()
+    fallbacks = set(report.partitions[0].fallbacks)
+    for op in _POOL_FALLBACKS:
+        assert f"aoti_torch_mps_{op}" in fallbacks, report.text()
+    got = _execute(program.buffer, inputs)
+    want = _eager(module, inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_pools_stay_out_for_a_macs_runtime():
+    inputs = (torch.randn(1, 2, 11, 9),)
+    module = nn.AdaptiveAvgPool2d((5, 3)).eval()
+    _, partitioner = _lower(module, inputs, runtime=None)
+    reason = partitioner.reports[-1].reasons().get("aten._adaptive_avg_pool2d.default", "")
+    assert "aoti_torch_mps__adaptive_avg_pool2d" in reason and "runtime='etmetal'" in reason

@@ -107,6 +107,28 @@ def test_registry_module_steady_state_makes_no_python_call(name, no_leaks):
         torch.testing.assert_close(got, ref, atol=entry.atol, rtol=entry.rtol)
 
 
+class _UnevenPools(torch.nn.Module):
+    """The pools Inductor leaves to ``aoti_torch_mps_*`` fallbacks (uneven adaptive windows,
+    an average window too large to unroll)."""
+
+    def forward(self, x):
+        uneven = torch.ops.aten._adaptive_avg_pool2d(x, [5, 3])
+        return uneven, torch.nn.functional.avg_pool2d(x, 7, stride=2, ceil_mode=True)
+
+
+def test_mps_pool_fallbacks_run_on_the_host_paths_in_c(no_leaks):
+    module, inputs = _UnevenPools().eval(), [torch.randn(2, 3, 40, 37)]
+    art = _compiled("pools", module, inputs)
+    (_, out, native), _ = _both(art, inputs)
+    for op in ("_adaptive_avg_pool2d", "avg_pool2d"):
+        assert native.get(f"aoti_torch_mps_{op}", (0, 0))[0] > 0, native
+    assert sum(p for _, p in native.values()) == 0, native
+    with torch.no_grad():
+        want = module(*inputs)
+    for got, ref in zip(out, want):
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+
+
 def test_a_convolution_on_channels_last_operands_follows_torchs_mps_layout_rule(no_leaks):
     """Inductor hands the patch embedding's convolution channels-last operands; the host
     kernel keeps that layout, torch's mps rule asks for another one: C repacks the result
