@@ -188,15 +188,14 @@ class Scans(nn.Module):
         return mask.cumsum(-1), x.cumprod(-1), x.logcumsumexp(-1), top, top_at, low, low_at
 
 
-def test_scans_run_as_emulated_fallbacks_on_the_etmetal_runtime():
-    gen = torch.Generator().manual_seed(0)
-    inputs = (torch.randint(0, 2, (2, 7), generator=gen), torch.randn(3, 7, generator=gen))
-    module = Scans().eval()
+def _check_emulated_fallbacks_match_eager(module: nn.Module, inputs: tuple, ops) -> None:
+    """Lowered with ``runtime="etmetal"``, ``module`` is one delegate that calls each of
+    ``ops`` as an ``aoti_torch_mps_*`` fallback, and every output is eager's."""
     program, partitioner = _lower(module, inputs)
     report = partitioner.reports[-1]
     assert not report.kept_out and len(report.partitions) == 1, report.text()
     fallbacks = set(report.partitions[0].fallbacks)
-    for op in ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"):
+    for op in ops:
         assert f"aoti_torch_mps_{op}" in fallbacks, report.text()
     got = _execute(program.buffer, inputs)
     want = _eager(module, inputs)
@@ -204,6 +203,13 @@ def test_scans_run_as_emulated_fallbacks_on_the_etmetal_runtime():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_scans_run_as_emulated_fallbacks_on_the_etmetal_runtime():
+    gen = torch.Generator().manual_seed(0)
+    inputs = (torch.randint(0, 2, (2, 7), generator=gen), torch.randn(3, 7, generator=gen))
+    scans = ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin")
+    _check_emulated_fallbacks_match_eager(Scans().eval(), inputs, scans)
 
 
 class PositionIds(nn.Module):
@@ -271,19 +277,7 @@ _POOL_FALLBACKS = ("_adaptive_avg_pool2d", "avg_pool2d")
 
 def test_pools_run_as_emulated_fallbacks_on_the_etmetal_runtime():
     inputs = (torch.randn(2, 3, 40, 37, generator=torch.Generator().manual_seed(0)),)
-    module = Pools().eval()
-    program, partitioner = _lower(module, inputs)
-    report = partitioner.reports[-1]
-    assert not report.kept_out and len(report.partitions) == 1, report.text()
-    fallbacks = set(report.partitions[0].fallbacks)
-    for op in _POOL_FALLBACKS:
-        assert f"aoti_torch_mps_{op}" in fallbacks, report.text()
-    got = _execute(program.buffer, inputs)
-    want = _eager(module, inputs)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype
-        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    _check_emulated_fallbacks_match_eager(Pools().eval(), inputs, _POOL_FALLBACKS)
 
 
 def test_pools_stay_out_for_a_macs_runtime():
