@@ -32,7 +32,8 @@ import torch
 from etmetal.common.cache import ContentCache
 from etmetal.common.targets import HOST, MPS, MPS_EMULATED, MetalTarget, get_target
 
-from . import input_checks
+from . import aoti_runtime_object, input_checks
+from .aoti_runtime_object import shared_runtime_in_inductor_builds
 from .extern_nodes import PROXY_EXECUTOR_SHIM, dtype_annotated_tables, find_extern_nodes, read_table
 
 log = logging.getLogger(__name__)
@@ -268,6 +269,8 @@ def _keyed_options(target: MetalTarget, options: dict[str, Any]) -> dict[str, An
         keyed["aot_inductor.custom_ops_to_c_shims"] = {str(op): d for op, d in custom.items()}
     if not options.get("aot_inductor.link_libtorch"):
         keyed["etmetal.input_checks"] = input_checks.RECIPE
+        if aoti_runtime_object.enabled():
+            keyed["etmetal.shared_aoti_runtime"] = aoti_runtime_object.FORMAT
     if target is MPS_EMULATED:
         from .mps_emulated_compile import BUILD_RECIPE
 
@@ -322,7 +325,10 @@ def _compile_target(
         return str(built.so_path), weights, str(built.wrapper_cpp_path), table
     if target is MPS:
         ep = torch.export.passes.move_to_device_pass(ep, target.torch_device)
-    paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
+    # torch's own runner builds (link_libtorch, the benchmarks' reference) stay stock
+    stock = options.get("aot_inductor.link_libtorch")
+    with contextlib.nullcontext() if stock else shared_runtime_in_inductor_builds():
+        paths = torch._inductor.aot_compile(ep.module(), _user_input_examples(ep), options=options)
     paths = paths if isinstance(paths, list) else [paths]
     so = next((p for p in paths if p.endswith(".wrapper.so")), None)
     blob = next((p for p in paths if p.endswith("_weights.blob")), None)

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from . import wrapper_pch
+from . import aoti_runtime_object, wrapper_pch
 from .extern_nodes import find_extern_nodes
 from .mps_decompositions import views_as_reshapes
 from .mps_emulation import emulated_mps_codegen, fake_mps_module
@@ -167,19 +167,52 @@ def compile_wrapper(cpp: Path, objects: list[Path], defines: list[str], so: Path
         *(f"-I{d}" for d in torch_include_dirs()),
     ]
     pch = wrapper_pch.prelude_header(cpp, cxx, flags) if cpp.is_file() else None
-    proc = _link_wrapper(cxx, flags, pch, cpp, objects, so)
-    if proc.returncode != 0 and pch is not None:
-        # never let the header be why a build fails: the plain build decides
-        retry = _link_wrapper(cxx, flags, None, cpp, objects, so)
-        if retry.returncode == 0:
-            log.warning("mps_emulated: %s built only without the precompiled header %s", cpp, pch)
-        proc = retry
+    source, objects = _model_part(cxx, flags, pch, cpp, objects, so)
+    try:
+        proc = _link_wrapper(cxx, flags, pch, source, objects, so)
+        if proc.returncode != 0 and pch is not None:
+            # never let the header be why a build fails: the plain build decides
+            retry = _link_wrapper(cxx, flags, None, source, objects, so)
+            if retry.returncode == 0:
+                log.warning("mps_emulated: %s built only without the header %s", cpp, pch)
+            proc = retry
+    finally:
+        if source != cpp:
+            source.unlink(missing_ok=True)
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if "error" in line][:10]
         raise MpsEmulatedBuildError(
             f"building the mps_emulated wrapper {cpp} failed ({cxx} exit {proc.returncode}):\n"
             + "\n".join(errors or proc.stderr.splitlines()[-10:])
         )
+
+
+def _model_part(
+    cxx: str, flags: list[str], pch: Path | None, cpp: Path, objects: list[Path], so: Path
+) -> tuple[Path, list[Path]]:
+    """The source to compile and the objects to link: the wrapper's model part and the
+    shared runtime object (:mod:`.aoti_runtime_object`), else the wrapper whole."""
+    parts = aoti_runtime_object.split(cpp.read_text()) if aoti_runtime_object.enabled() else None
+    if parts is None:
+        return cpp, objects
+    include = ["-include", str(pch)] if pch is not None else []
+
+    def build(source: Path, out: Path) -> None:
+        out_o = out / aoti_runtime_object.OBJECT
+        aoti_runtime_object.compile_object(
+            [cxx, *flags, *include, "-c", str(source), "-o", str(out_o)]
+        )
+
+    try:
+        runtime = aoti_runtime_object.runtime_object(
+            cxx, [*flags, *include], parts.runtime_source, build
+        )
+    except (OSError, RuntimeError) as exc:
+        log.warning("mps_emulated: compiling %s whole (its runtime object: %s)", cpp, exc)
+        return cpp, objects
+    model = so.parent / f"{cpp.stem}.model.cpp"  # the wrapper may sit in a cache entry
+    model.write_text(parts.model_source)
+    return model, [runtime, *objects]
 
 
 def wrapper_command(
