@@ -167,7 +167,7 @@ def compile_wrapper(cpp: Path, objects: list[Path], defines: list[str], so: Path
         *(f"-I{d}" for d in torch_include_dirs()),
     ]
     pch = wrapper_pch.prelude_header(cpp, cxx, flags) if cpp.is_file() else None
-    source, objects = _model_part(cxx, flags, pch, cpp, objects, so)
+    source, objects = _model_part(cxx, flags, cpp, objects, so)
     try:
         proc = _link_wrapper(cxx, flags, pch, source, objects, so)
         if proc.returncode != 0 and pch is not None:
@@ -188,25 +188,21 @@ def compile_wrapper(cpp: Path, objects: list[Path], defines: list[str], so: Path
 
 
 def _model_part(
-    cxx: str, flags: list[str], pch: Path | None, cpp: Path, objects: list[Path], so: Path
+    cxx: str, flags: list[str], cpp: Path, objects: list[Path], so: Path
 ) -> tuple[Path, list[Path]]:
     """The source to compile and the objects to link: the wrapper's model part and the
     shared runtime object (:mod:`.aoti_runtime_object`), else the wrapper whole."""
     parts = aoti_runtime_object.split(cpp.read_text()) if aoti_runtime_object.enabled() else None
     if parts is None:
         return cpp, objects
-    include = ["-include", str(pch)] if pch is not None else []
 
+    # built once, so without the precompiled header (the object is the same either way)
     def build(source: Path, out: Path) -> None:
         out_o = out / aoti_runtime_object.OBJECT
-        aoti_runtime_object.compile_object(
-            [cxx, *flags, *include, "-c", str(source), "-o", str(out_o)]
-        )
+        aoti_runtime_object.compile_object([cxx, *flags, "-c", str(source), "-o", str(out_o)])
 
     try:
-        runtime = aoti_runtime_object.runtime_object(
-            cxx, [*flags, *include], parts.runtime_source, build
-        )
+        runtime = aoti_runtime_object.runtime_object(cxx, flags, parts.runtime_source, build)
     except (OSError, RuntimeError) as exc:
         log.warning("mps_emulated: compiling %s whole (its runtime object: %s)", cpp, exc)
         return cpp, objects
