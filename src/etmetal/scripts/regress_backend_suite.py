@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{flow:>10}: {len(info['delegated_pass'])} of {passed} passes ran delegated "
                 "programs (the rest lowered nothing to the delegate)"
             )
+            delegated = set(info["delegated_pass"])
+            for case in sorted(t for t, v in results[flow].items() if v == "pass"):
+                if case not in delegated:
+                    print(f"    no delegate: {case}")
         for key, title in (
             ("failure_stages", "failure stages"),
             ("failure_causes", "failure causes"),
