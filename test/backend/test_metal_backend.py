@@ -24,6 +24,7 @@ from etmetal.backend.lowering import lower
 from etmetal.backend.metal_backend import BACKEND_ID, DELEGATE_ID, EtmetalMetalBackend
 from etmetal.backend.metal_partitioner import MetalPartitioner
 from etmetal.common.cache import cache_root
+from etmetal.common.targets import HOST, MPS_EMULATED
 from etmetal.examples.metal_registry import REGISTRY, get_model_and_inputs
 from etmetal.testing.pte_blobs import metal_delegates
 
@@ -182,6 +183,28 @@ def test_cache_key_changes_with_weights_and_shapes():
     keys = {aoti_compile.cache_key(e, "host", options) for e in (ep, ep_weights, ep_shape)}
     assert len(keys) == 3
     assert aoti_compile.cache_key(ep, "host", options) != aoti_compile.cache_key(ep, "mps", options)
+
+
+def test_host_cache_key_holds_the_thread_count_the_cpp_kernels_are_generated_for():
+    # Inductor's C++ kernels split reductions by the intra-op thread count at compile time, so
+    # the transformer of `etmetal bench native` compiled under 2 threads differs from its 1-thread
+    # build by 7e-07: serving one for the other broke bit-identity with torch's runner.
+    module, inputs = get_model_and_inputs("mm_weight_param")
+    ep = torch.export.export(module, inputs)
+    options = aoti_compile.aoti_options()
+    threads = torch.get_num_threads()
+    keys = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            keys[n] = {
+                t: aoti_compile.cache_key(ep, t, aoti_compile._keyed_options(t, options))
+                for t in (HOST, MPS_EMULATED)
+            }
+    finally:
+        torch.set_num_threads(threads)
+    assert keys[1][HOST] != keys[2][HOST]
+    assert keys[1][MPS_EMULATED] == keys[2][MPS_EMULATED]  # Metal kernels do not read it
 
 
 class _ScaleA(nn.Module):

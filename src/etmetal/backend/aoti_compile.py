@@ -3,7 +3,8 @@
 A cold AOTI compile takes tens of seconds, so every caller (preprocess, tests,
 benchmarks) goes through :func:`compile_exported_program`, which keys the result by
 everything that can change the generated code: the graph, the example input specs,
-the constant values, the target, the compile options and the torch version.
+the constant values, the target, the compile options, the torch version and, for
+``host``, the intra-op thread count Inductor's C++ kernels are generated for.
 The entries live in :mod:`etmetal.common.cache` (kind ``aoti``): concurrent processes
 (pytest-xdist workers) compiling the same key wait on its file lock instead of compiling
 twice.
@@ -271,6 +272,13 @@ def _keyed_options(target: MetalTarget, options: dict[str, Any]) -> dict[str, An
         keyed["etmetal.input_checks"] = input_checks.RECIPE
         if aoti_runtime_object.enabled():
             keyed["etmetal.shared_aoti_runtime"] = aoti_runtime_object.FORMAT
+    if target is HOST:
+        # Inductor's C++ kernels bake the intra-op thread count in (their OpenMP regions and
+        # how reductions are split), so one program compiled under 1 and 2 threads rounds
+        # differently: an artifact is only reproducible if the count is part of its key.
+        from torch._inductor.utils import parallel_num_threads
+
+        keyed["etmetal.cpp_kernel_threads"] = parallel_num_threads()
     if target is MPS_EMULATED:
         from .mps_emulated_compile import BUILD_RECIPE
 
