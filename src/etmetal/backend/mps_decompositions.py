@@ -8,11 +8,19 @@ A Linux wheel takes the generic math path (``bmm`` + softmax) even for fake ``mp
 tensors, so Inductor would generate a different Metal program than a Mac does.
 :class:`MacMpsDecompositions` restores the Mac's choice while the ``mps`` partitioner
 predicts and while ``mps_emulated`` compiles.
+
+The other way round, some of Inductor's dispatch-level decompositions index with Python
+(``torch._refs.index_select`` does ``x[idx]``), and ``Tensor.__getitem__``'s binding opens
+a device guard a Linux build has no ``mps`` guard for. A Mac traces that indexing to
+``aten.index.Tensor``; :data:`MPS_TRACING_DECOMPOSITIONS` reaches the same operator
+through the dispatcher, and :func:`for_mps_tracing` / :func:`inductor_decompositions_for_mps`
+put it in the tables the partitioner and the ``mps_emulated`` compile trace with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -109,6 +117,51 @@ class MacMpsDecompositions(TorchFunctionMode):
             if out is not NotImplemented:
                 return out
         return func(*args, **kwargs)
+
+
+def index_select_through_the_dispatcher(
+    x: torch.Tensor, dim: int, index: torch.Tensor
+) -> torch.Tensor:
+    """``torch._refs.index_select`` with its Python indexing (``x[idx]``) written as the
+    ``aten.index.Tensor`` call that indexing traces to, so no ``Tensor`` method runs."""
+    from torch._prims_common import canonicalize_dim, suggest_memory_format
+
+    torch._check(index.ndim <= 1, lambda: f"Index should have dimension 1 or 0 (got {index.ndim})")
+    index = aten.reshape.default(index, [-1])
+    if x.ndim == 0:  # a scalar is an element of R^1, as in the reference
+        return aten.index_copy.default(
+            aten.empty_like.default(x), 0, index, aten.expand.default(x, index.shape)
+        )
+    dim = canonicalize_dim(x.ndim, dim)
+    out = aten.index.Tensor(x, [None] * dim + [index])
+    return aten.clone.default(out, memory_format=suggest_memory_format(x))
+
+
+MPS_TRACING_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.index_select.default: index_select_through_the_dispatcher,
+}
+
+
+def for_mps_tracing(table: dict[Any, Callable[..., Any]]) -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition ``table`` with :data:`MPS_TRACING_DECOMPOSITIONS` in place
+    of the entries a Linux build cannot trace on fake ``mps`` tensors."""
+    return {**table, **{op: d for op, d in MPS_TRACING_DECOMPOSITIONS.items() if op in table}}
+
+
+@contextlib.contextmanager
+def inductor_decompositions_for_mps() -> Iterator[None]:
+    """Inductor's own tables (the one it picks, ``select_decomp_table()``, is a cached
+    copy) hold :data:`MPS_TRACING_DECOMPOSITIONS` for one compile; restored on exit."""
+    from unittest import mock
+
+    from torch._inductor import decomposition
+
+    tables = [decomposition.decompositions, decomposition.select_decomp_table()]
+    with contextlib.ExitStack() as stack:
+        for table in {id(t): t for t in tables}.values():
+            present = {op: d for op, d in MPS_TRACING_DECOMPOSITIONS.items() if op in table}
+            stack.enter_context(mock.patch.dict(table, present))
+        yield
 
 
 def views_as_reshapes(gm: torch.fx.GraphModule) -> int:

@@ -30,8 +30,8 @@ exit, also when the compile fails):
    values. Only the folded *values* are kept (the replacement ``full`` takes its device
    from the graph), so the generated code is the one a Mac gets.
 6. The decompositions a macOS build of torch makes on ``mps`` and a Linux build does not
-   (:mod:`.mps_decompositions`: attention becomes the Metal math fallback) apply while
-   Inductor traces.
+   (:mod:`.mps_decompositions`: attention becomes the Metal math fallback), and those of
+   Inductor's that index with Python (``index_select``), apply while Inductor traces.
 7. torch's fake kernels that do real work on the fake tensor's device, which needs an
    MPS build (the convolution's ``contiguous()``), run on CPU stand-ins
    (:mod:`.mps_fake_impls`).
@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from etmetal.common.targets import CPU_DEVICE, METAL_DEVICE
 
-from .mps_decompositions import MacMpsDecompositions
+from .mps_decompositions import MacMpsDecompositions, inductor_decompositions_for_mps
 from .mps_fake_impls import cpu_stand_ins
 
 # what the emulated device says it is (a base M1: the core count sizes reductions)
@@ -295,6 +295,7 @@ def emulated_mps_codegen(reals: RealConstants) -> Iterator[None]:
         mock.patch.object(FakeTensor, "item", item, create=True),
         mock.patch.object(joint_graph.UniformValueConstantFolder, "run_node", fold_on_cpu),
         MacMpsDecompositions(),
+        inductor_decompositions_for_mps(),
         cpu_stand_ins(),
     ]
     with contextlib.ExitStack() as stack:

@@ -189,6 +189,10 @@ class TargetCapabilities:
         from torch._inductor.decomposition import select_decomp_table
 
         self._decomps = select_decomp_table()
+        if self.device == METAL_DEVICE:
+            from .mps_decompositions import for_mps_tracing
+
+            self._decomps = for_mps_tracing(self._decomps)
 
     # -- public -------------------------------------------------------------
     def check_node(self, node: torch.fx.Node) -> OpVerdict:

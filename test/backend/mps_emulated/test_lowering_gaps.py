@@ -9,7 +9,9 @@ for ``mps_emulated`` and run by etmetal's runtime against eager PyTorch:
   runtime serves as ``aoti_torch_mps_*`` fallbacks in programs lowered with
   ``runtime="etmetal"``;
 - a ``Tensor`` method on a fake ``mps`` tensor (circular padding's ``copy_``), whose
-  binding's device guard needs an MPS build.
+  binding's device guard needs an MPS build;
+- ``index_select``, whose Inductor decomposition indexes with Python (``x[idx]``), which
+  needs the same guard (found by the ``mps_emulated`` flow of the operator suite).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from etmetal.backend.metal_partitioner import MetalPartitioner
 from etmetal.backend.mps_decompositions import (
     MAC_MPS_DECOMPOSITIONS,
     MacMpsDecompositions,
+    for_mps_tracing,
     with_overload_packets,
 )
 from etmetal.backend.mps_fake_impls import (
@@ -286,3 +289,52 @@ def test_pools_stay_out_for_a_macs_runtime():
     _, partitioner = _lower(module, inputs, runtime=None)
     reason = partitioner.reports[-1].reasons().get("aten._adaptive_avg_pool2d.default", "")
     assert "aoti_torch_mps__adaptive_avg_pool2d" in reason and "runtime='etmetal'" in reason
+
+
+# -- 6. decompositions that index with Python ---------------------------------------------
+def _fake_index_select(table: dict, dim: int, index_shape: tuple) -> torch.Tensor:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = FakeTensorMode()
+    with mode:
+        x = torch.empty(3, 5, 4, device=METAL_DEVICE)
+        index = torch.zeros(index_shape, dtype=torch.long, device=METAL_DEVICE)
+    fn = lambda x, index: aten.index_select.default(x, dim, index)  # noqa: E731
+    return make_fx(fn, decomposition_table=table, tracing_mode="fake")(x, index)
+
+
+def test_inductors_index_select_needs_an_mps_build_without_the_mps_table():
+    from torch._inductor.decomposition import select_decomp_table
+
+    if torch.backends.mps.is_built():
+        pytest.skip("a macOS build indexes fake mps tensors itself")
+    with pytest.raises(RuntimeError, match=NO_MPS_BUILD):
+        _fake_index_select(select_decomp_table(), 1, (2,))
+
+
+@pytest.mark.parametrize("dim, index_shape", [(1, (2,)), (-1, ())])
+def test_the_mps_table_traces_index_select_to_the_indexing_a_mac_traces(dim, index_shape):
+    from torch._inductor.decomposition import select_decomp_table
+
+    gm = _fake_index_select(for_mps_tracing(select_decomp_table()), dim, index_shape)
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten.index.Tensor in ops and aten.index_select.default not in ops
+    out = gm.graph.output_node().args[0].meta["val"]
+    want = torch.empty(3, 5, 4).index_select(dim, torch.zeros(index_shape, dtype=torch.long))
+    assert out.shape == want.shape and out.stride() == want.stride()
+    assert out.device.type == METAL_DEVICE
+
+
+class IndexSelects(nn.Module):
+    """Rows picked by a 1-D index and one column by a 0-D index, as an embedding lookup
+    or a gather of heads writes them."""
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+        picked = torch.index_select(x, 1, rows)
+        return picked * 2 + torch.index_select(x, -1, col)[:, : rows.shape[0]]
+
+
+def test_index_select_lowers_and_matches_eager():
+    gen = torch.Generator().manual_seed(0)
+    inputs = (torch.randn(3, 5, 4, generator=gen), torch.tensor([4, 0, 2, 2]), torch.tensor(3))
+    _check_one_delegate_matches_eager(IndexSelects().eval(), inputs)
