@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +40,8 @@ import torch
 from etmetal.common.cache import ContentCache
 from etmetal.common.native_build import compiler_version, cpu_identity
 
+from .wrapper_pch import INCLUDE_LINE
+
 log = logging.getLogger(__name__)
 
 ENV = "ETMETAL_SHARED_AOTI_RUNTIME"  # "0": compile torch's interface into every wrapper
@@ -49,7 +50,6 @@ OBJECT = "aoti_runtime.o"
 FORMAT = 1  # bump when the split or the entry's layout changes (it is in the AOTI cache key)
 _BASE = "torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>"
 _CONTAINER = "#include <torch/csrc/inductor/aoti_runtime/model_container.h>\n"
-_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"][^>\"]+[>\"]\s*$")
 
 
 def enabled() -> bool:
@@ -78,7 +78,7 @@ def split(source: str) -> SplitWrapper | None:
     if at < 0 or source.find(interface, at + 1) >= 0:
         return None
     prefix = source[:at]
-    if not all(_INCLUDE.match(line) for line in prefix.splitlines() if line.strip()):
+    if not all(INCLUDE_LINE.match(line) for line in prefix.splitlines() if line.strip()):
         return None
     rest = source[at + len(interface) :]
     return SplitWrapper(

@@ -41,7 +41,8 @@ PCH_ENV = "ETMETAL_WRAPPER_PCH"  # "0": build every wrapper without the precompi
 KIND = "pch"
 HEADER = "wrapper_prelude.h"
 _FORMAT = 1  # bump when the entry's layout or the recipe below changes
-_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"][^>\"]+[>\"]\s*$")
+# one ``#include <...>`` / ``#include "..."`` line
+INCLUDE_LINE = re.compile(r"^\s*#\s*include\s*[<\"][^>\"]+[>\"]\s*$")
 
 
 def enabled() -> bool:
@@ -55,7 +56,7 @@ def leading_includes(source: str) -> str:
     for line in source.splitlines():
         if not line.strip():
             continue
-        if not _INCLUDE.match(line):
+        if not INCLUDE_LINE.match(line):
             break
         lines.append(line.strip())
     return "\n".join(lines) + "\n" if lines else ""
