@@ -87,19 +87,36 @@ def test_steady_launches_make_no_python_call_and_match_the_python_shims(name, ma
     assert mps_device.live_mps_storages(ctx) == start
 
 
-def _run_case(case: str, shims: str) -> dict:
+def _run_cases(cases: list[str], shims: str) -> dict[str, dict]:
+    """Each case's return code, error and shim counts (of that case alone), all run in one
+    fresh process on implementation ``shims``, in order."""
     code = (
         "import json, sys\n"
         "from etmetal.shims import default_context\n"
         "from etmetal.testing import mps_hostile as h\n"
         f"default_context().set_implementation({shims!r})\n"
-        f"rc, err = h.run_case({case!r})\n"
-        "counts = default_context().load_bridge().shim_counts()\n"
-        "print(json.dumps({'rc': rc, 'error': err, 'counts': counts}))\n"
+        "bridge = default_context().load_bridge()\n"
+        f"for case in {cases!r}:\n"
+        "    before = bridge.shim_counts()\n"
+        "    rc, err = h.run_case(case)\n"
+        "    after = bridge.shim_counts()\n"
+        "    deltas = {n: [a - b for a, b in zip(c, before.get(n, (0, 0)))] for n, c in after.items()}\n"
+        "    counts = {n: d for n, d in deltas.items() if any(d)}\n"
+        "    print(json.dumps({'case': case, 'rc': rc, 'error': err, 'counts': counts}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{case} ({shims}): exit {proc.returncode}\n{proc.stderr[-2000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{cases} ({shims}): exit {proc.returncode}\n{proc.stderr[-2000:]}"
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["case"] for r in results] == cases, proc.stdout[-2000:]
+    return {r.pop("case"): r for r in results}
+
+
+@pytest.fixture(scope="module")
+def hostile_results() -> dict[str, dict[str, dict]]:
+    """implementation -> case -> result: one process per implementation runs every case
+    (a fresh interpreter per case would pay its imports 24 times)."""
+    cases = sorted(CASES_COMPARED)
+    return {shims: _run_cases(cases, shims) for shims in ("native", "python")}
 
 
 def _addresses_out(message: str) -> str:
@@ -108,11 +125,13 @@ def _addresses_out(message: str) -> str:
 
 # the cases whose failing call is one the C launch path serves
 NATIVE_CASES = sorted(c for c in CASES if not c.startswith(("include_", "memcpy_", "copy_")))
+COPY_CASES = sorted(c for c in CASES if c.startswith(("memcpy_", "copy_")))
+CASES_COMPARED = NATIVE_CASES + COPY_CASES
 
 
 @pytest.mark.parametrize("case", NATIVE_CASES)
-def test_a_hostile_launch_gives_the_same_error_in_c_and_in_python(case):
-    native, python = _run_case(case, "native"), _run_case(case, "python")
+def test_a_hostile_launch_gives_the_same_error_in_c_and_in_python(case, hostile_results):
+    native, python = hostile_results["native"][case], hostile_results["python"][case]
     assert native["rc"] == python["rc"] == 1, (native, python)
     assert _addresses_out(native["error"]) == _addresses_out(python["error"])
     served = {n: c for n, c in native["counts"].items() if n in LAUNCH_SHIMS}
@@ -120,9 +139,9 @@ def test_a_hostile_launch_gives_the_same_error_in_c_and_in_python(case):
     assert all(c == 0 for n, (c, _) in python["counts"].items() if n in LAUNCH_SHIMS)
 
 
-@pytest.mark.parametrize("case", sorted(c for c in CASES if c.startswith(("memcpy_", "copy_"))))
-def test_a_hostile_copy_gives_the_same_error_in_c_and_in_python(case):
-    native, python = _run_case(case, "native"), _run_case(case, "python")
+@pytest.mark.parametrize("case", COPY_CASES)
+def test_a_hostile_copy_gives_the_same_error_in_c_and_in_python(case, hostile_results):
+    native, python = hostile_results["native"][case], hostile_results["python"][case]
     assert native["rc"] == python["rc"] == 1, (native, python)
     assert _addresses_out(native["error"]) == _addresses_out(python["error"])
 
