@@ -42,6 +42,10 @@ def pytest_configure(config):
     # one intra-op thread per xdist worker: two workers on two cores
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+        # and in the processes the worker starts: two workers already fill two cores, and
+        # `host` artifacts (keyed by the thread count their kernels were generated for)
+        # compiled in a subprocess are then the ones an in-process compile finds
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # --- no temp files left behind (issue 8) ---------------------------------------------------
